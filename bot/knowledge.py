@@ -1,0 +1,157 @@
+"""Load and validate the knowledge base: shipped entries, with site folders layered on top."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import knowledge as shipped
+from bot import engine
+
+ROLES = ("root", "cascade", "confirm")
+
+
+class KnowledgeError(Exception):
+    """An entry that cannot be used; the message names the file, the field and the remedy."""
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    entry: str
+    id: str
+    regex: str
+    role: str
+    strength: float
+    meaning: str
+    ignorecase: bool = False
+
+    @property
+    def pattern(self) -> engine.Pattern:
+        return engine.Pattern(self.regex, self.ignorecase)
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: str
+    data: dict[str, Any]
+    source: Path
+    fingerprints: tuple[Fingerprint, ...] = field(default=())
+
+    @property
+    def title(self) -> str:
+        return self.data["title"]
+
+    @property
+    def related(self) -> list[str]:
+        return self.data["related"]
+
+    @property
+    def caused_by(self) -> list[str]:
+        return self.data["caused_by"]
+
+
+@dataclass(frozen=True)
+class KnowledgeBase:
+    entries: dict[str, Entry]
+
+    @property
+    def fingerprints(self) -> list[Fingerprint]:
+        return [fp for e in self.entries.values() for fp in e.fingerprints]
+
+    def get(self, entry_id: str) -> Entry:
+        try:
+            return self.entries[entry_id]
+        except KeyError:
+            raise KnowledgeError(f"no knowledge entry {entry_id!r}; `trainmedic kb list` shows the ids") from None
+
+
+@cache
+def _validator():
+    import jsonschema  # only needed while loading
+
+    return jsonschema.Draft202012Validator(json.loads(shipped.SCHEMA.read_text()))
+
+
+def _field_path(path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _schema_problem(error) -> str:
+    where = _field_path(error.absolute_path)
+    if error.validator == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        return f"field {where}: unknown field(s) {extra}: remove or rename them (knowledge/schema.json lists the fields)"
+    if error.validator == "required":
+        return f"field {where}: {error.message}: add it (knowledge/README.md describes each field)"
+    return f"field {where}: {error.message}"
+
+
+def parse_entry(path: Path) -> Entry:
+    """Read and validate one entry file; raise KnowledgeError naming what to fix."""
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise KnowledgeError(f"{path}: cannot read it as YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise KnowledgeError(f"{path}: the file must hold one mapping (id: ..., title: ...)")
+    errors = sorted(_validator().iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise KnowledgeError(f"{path}: {_schema_problem(errors[0])}")
+    if data["id"] != path.stem:
+        raise KnowledgeError(f"{path}: field id: {data['id']!r} differs from the file name; rename the file to {data['id']}.yaml or fix the id")
+    fingerprints = []
+    seen = set()
+    for i, fp in enumerate(data["fingerprints"]):
+        if fp["id"] in seen:
+            raise KnowledgeError(f"{path}: field fingerprints[{i}].id: duplicate fingerprint id {fp['id']!r}; give each one its own id")
+        seen.add(fp["id"])
+        fingerprint = Fingerprint(entry=data["id"], **fp)
+        problem = engine.check(fingerprint.pattern)
+        if problem:
+            raise KnowledgeError(f"{path}: field fingerprints[{i}].regex: {problem}")
+        fingerprints.append(fingerprint)
+    return Entry(id=data["id"], data=data, source=path, fingerprints=tuple(fingerprints))
+
+
+def entry_folders(extra: str | None = None) -> list[Path]:
+    """The shipped folder first, then TRAINMEDIC_KB_PATH folders; later folders override earlier ones."""
+    extra = os.environ.get("TRAINMEDIC_KB_PATH", "") if extra is None else extra
+    return [shipped.ENTRIES] + [Path(p) for p in extra.split(":") if p]
+
+
+def load(folders: list[Path] | None = None) -> KnowledgeBase:
+    """Load every entry of every folder, validating each; site entries with a shipped id replace it."""
+    entries: dict[str, Entry] = {}
+    for folder in folders if folders is not None else entry_folders():
+        if not folder.is_dir():
+            raise KnowledgeError(f"{folder}: not a folder of knowledge entries (check TRAINMEDIC_KB_PATH)")
+        for stray in sorted(folder.glob("*.yml")):
+            raise KnowledgeError(f"{stray}: entries end in .yaml; rename it to {stray.stem}.yaml")
+        layer: dict[str, Entry] = {}
+        for path in sorted(folder.glob("*.yaml")):
+            entry = parse_entry(path)
+            layer[entry.id] = entry
+        entries.update(layer)
+    _check_links(entries)
+    return KnowledgeBase(entries)
+
+
+def _check_links(entries: dict[str, Entry]) -> None:
+    for entry in entries.values():
+        for key in ("related", "caused_by"):
+            for i, other in enumerate(entry.data[key]):
+                if other not in entries:
+                    raise KnowledgeError(
+                        f"{entry.source}: field {key}[{i}]: no entry has the id {other!r}; "
+                        "fix the id or add that entry"
+                    )
+                if other == entry.id:
+                    raise KnowledgeError(f"{entry.source}: field {key}[{i}]: an entry cannot list itself")

@@ -1,0 +1,162 @@
+"""Diagnoses rendered for people (terminal text, markdown) and programs (the JSON contract)."""
+from __future__ import annotations
+
+import json
+
+from bot.diagnose import Diagnosis, Finding
+from bot.knowledge import Entry
+from bot.scan import Hit
+
+MAX_LISTED = 64  # ranks/hosts listed per finding
+
+
+def _evidence(hit: Hit, d: Diagnosis) -> dict:
+    out = {"line": hit.line, "text": hit.text, "rank": hit.rank, "host": hit.host, "time": hit.time}
+    if len(d.scan.files) > 1:
+        out["file"] = d.scan.files[hit.file]
+    return out
+
+
+def _finding_json(f: Finding, d: Diagnosis) -> dict:
+    return {
+        "entry": f.entry.id,
+        "title": f.entry.title,
+        "role": f.role,
+        "score": f.score,
+        "evidence": [_evidence(h, d) for h in f.hits],
+        "fix": d.fill(f.entry.data["fix"]["summary"], f),
+        "verify": d.fill(f.entry.data["verify"], f),
+        "related": list(f.entry.related),
+        "ranks": f.ranks[:MAX_LISTED],
+        "hosts": f.hosts[:MAX_LISTED],
+    }
+
+
+def to_json(d: Diagnosis, incident: dict | None = None) -> dict:
+    """The object of design.md's `trainmedic diagnose --format json` contract."""
+    initiating = None
+    if d.initiating:
+        initiating = {k: d.initiating[k] for k in ("rank", "host", "line")}
+        if len(d.scan.files) > 1:
+            initiating["file"] = d.scan.files[d.initiating["file"]]
+    return {
+        "root": d.root.entry.id if d.root else None,
+        "findings": [_finding_json(f, d) for f in d.findings],
+        "initiating": initiating,
+        "progress": d.progress,
+        "incident": incident,
+        "lines_scanned": d.scan.lines,
+        "bytes_scanned": d.scan.bytes,
+        "cascade_only": d.cascade_only,
+        "likely_errors": [{"line": m.line, "text": m.text} for m in likely_errors(d)],
+        "warnings": d.warnings,
+    }
+
+
+def dumps(d: Diagnosis, incident: dict | None = None) -> str:
+    return json.dumps(to_json(d, incident), indent=2, ensure_ascii=False)
+
+
+def likely_errors(d: Diagnosis) -> list:
+    """The last exception lines and the first error lines: what to read when nothing matched."""
+    seen, out = set(), []
+    for m in list(d.scan.last_exceptions)[-3:] + d.scan.first_errors:
+        if (m.file, m.line) not in seen:
+            seen.add((m.file, m.line))
+            out.append(m)
+    return sorted(out, key=lambda m: (m.file, m.line))
+
+
+def _where(d: Diagnosis) -> str | None:
+    if not d.initiating or not d.root:
+        return None
+    parts = []
+    if d.initiating["rank"] is not None:
+        parts.append(f"rank {d.initiating['rank']}")
+    if d.initiating["host"]:
+        parts.append(f"host {d.initiating['host']}")
+    line = f"line {d.initiating['line']}"
+    if len(d.scan.files) > 1:
+        line += f" of {d.scan.files[d.initiating['file']]}"
+    parts.append(line)
+    spread = []
+    if len(d.root.ranks) > 1:
+        spread.append(f"{len(d.root.ranks)} ranks")
+    if len(d.root.hosts) > 1:
+        spread.append(f"{len(d.root.hosts)} hosts")
+    text = ", ".join(parts)
+    return text + (f" (seen on {' and '.join(spread)})" if spread else "")
+
+
+def _progress(d: Diagnosis) -> str | None:
+    if not d.progress:
+        return None
+    bits = []
+    if d.progress.get("iteration") is not None:
+        bits.append(f"last iteration {d.progress['iteration']}")
+    if d.progress.get("checkpoint"):
+        bits.append(f"last checkpoint {d.progress['checkpoint']}")
+    return ", ".join(bits)
+
+
+def verdict(d: Diagnosis) -> str:
+    """One sentence: what broke."""
+    if d.root is None:
+        return "No known failure found."
+    confidence = "high" if d.root.score >= 0.8 else "medium" if d.root.score >= 0.5 else "low"
+    if d.cascade_only:
+        return (f"Only a consequence was found: {d.root.entry.title} ({d.root.entry.id}). "
+                "The initiating failure is not in this text: look at the earliest error of the first rank or host that failed.")
+    return f"{d.root.entry.title} ({d.root.entry.id}, {confidence} confidence)"
+
+
+def _steps(entry: Entry, d: Diagnosis, f: Finding, md: bool) -> list[str]:
+    out = []
+    for i, step in enumerate(entry.data["fix"]["steps"], 1):
+        out.append(f"{i}. {d.fill(step['text'], f)}")
+        if "command" in step:
+            cmd = d.fill(step["command"], f)
+            out.append(f"   `{cmd}`" if md else f"     $ {cmd}")
+    return out
+
+
+def to_text(d: Diagnosis, markdown: bool = False) -> str:
+    """Terminal (or markdown) report: verdict first, then evidence, origin, collateral, fix, verify."""
+    h = (lambda s: f"### {s}") if markdown else (lambda s: f"{s}:")
+    code = (lambda s: f"`{s}`") if markdown else (lambda s: s)
+    out = [("## " if markdown else "") + verdict(d)]
+    if d.root is None:
+        errors = likely_errors(d)
+        if errors:
+            out += ["", h("Most likely error lines")] + [f"  {m.line}: {m.text}" for m in errors]
+        out += ["", f"Scanned {d.scan.lines} lines ({d.scan.bytes} bytes)."]
+        return "\n".join(out + _warnings(d)) + "\n"
+    f = d.root
+    out += ["", f.entry.data["summary"].strip(), "", h("Evidence")]
+    out += [f"  {code(_loc(hit, d))} {hit.text}" for hit in f.hits]
+    if where := _where(d):
+        out += ["", h("Started at") + " " + where]
+    if prog := _progress(d):
+        out += [h("Progress") + " " + prog]
+    collateral = [x for x in d.findings[1:] if x.role == "collateral"]
+    if collateral:
+        out += ["", h("Collateral (consequences, not the cause)")]
+        out += [f"  - {x.entry.id}: {x.entry.title} (first at line {x.first.line})" for x in collateral]
+    related_hits = [x for x in d.findings[1:] if x.role == "related"]
+    if related_hits:
+        out += ["", h("Also seen")] + [f"  - {x.entry.id}: {x.entry.title} (line {x.first.line})" for x in related_hits]
+    out += ["", h("Fix") + " " + d.fill(f.entry.data["fix"]["summary"], f)] + _steps(f.entry, d, f, markdown)
+    out += ["", h("Verify") + " " + code(d.fill(f.entry.data["verify"], f))]
+    if f.entry.related:
+        out += ["", h("Related entries") + " " + ", ".join(f.entry.related)]
+    out += ["", f"Scanned {d.scan.lines} lines ({d.scan.bytes} bytes)."]
+    return "\n".join(out + _warnings(d)) + "\n"
+
+
+def _loc(hit: Hit, d: Diagnosis) -> str:
+    loc = f"{d.scan.files[hit.file]}:{hit.line}" if len(d.scan.files) > 1 else f"line {hit.line}"
+    return loc + ":"
+
+
+def _warnings(d: Diagnosis) -> list[str]:
+    return [f"warning: {w}" for w in d.warnings]

@@ -1,0 +1,191 @@
+"""One streaming pass over a log: every fingerprint and marker matched at once, memory bounded.
+
+Bytes are read with readinto() into one reused buffer and scanned a chunk at a time; only lines
+that the engine reports are decoded, confirmed with RE2 and kept (a bounded number per
+fingerprint), so the cost of a log is one engine pass plus work proportional to its hits.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from bot import engine, markers
+from bot.context import line_context
+from bot.knowledge import Fingerprint, KnowledgeBase
+from bot.redact import redact
+
+CHUNK_BYTES = 16 << 20
+MAX_HIT_LINE = 64 << 10  # bytes of a hit line that are examined
+EVIDENCE_CHARS = 400
+KEEP_HITS = 5  # first and last hits kept per fingerprint
+KEEP_SPREAD = 4096  # distinct ranks/hosts remembered per fingerprint
+_CR_TO_LF = bytes.maketrans(b"\r", b"\n")
+
+
+@dataclass(frozen=True)
+class Hit:
+    fingerprint: Fingerprint
+    file: int
+    line: int
+    text: str
+    rank: int | None
+    host: str | None
+    time: str | None
+    time_key: tuple[str, float] | None
+    groups: dict[str, str]
+    iteration: str | None  # training progress when this line was written
+    checkpoint: str | None
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return (self.file, self.line)
+
+
+@dataclass
+class FingerprintHits:
+    count: int = 0
+    first: list[Hit] = field(default_factory=list)
+    last: deque = field(default_factory=lambda: deque(maxlen=KEEP_HITS))
+    ranks: set[int] = field(default_factory=set)
+    hosts: set[str] = field(default_factory=set)
+
+    def add(self, hit: Hit) -> None:
+        self.count += 1
+        if len(self.first) < KEEP_HITS:
+            self.first.append(hit)
+        else:
+            self.last.append(hit)
+        if hit.rank is not None and len(self.ranks) < KEEP_SPREAD:
+            self.ranks.add(hit.rank)
+        if hit.host is not None and len(self.hosts) < KEEP_SPREAD:
+            self.hosts.add(hit.host)
+
+    @property
+    def hits(self) -> list[Hit]:
+        return self.first + list(self.last)
+
+
+@dataclass(frozen=True)
+class Marked:
+    file: int
+    line: int
+    text: str
+
+
+@dataclass
+class ScanResult:
+    """Everything a diagnosis needs from the text, independent of its size."""
+
+    files: list[str] = field(default_factory=list)
+    hits: dict[Fingerprint, FingerprintHits] = field(default_factory=dict)
+    lines: int = 0
+    bytes: int = 0
+    iteration: str | None = None
+    checkpoint: str | None = None
+    tracebacks: int = 0
+    first_errors: list[Marked] = field(default_factory=list)
+    last_exceptions: deque = field(default_factory=lambda: deque(maxlen=KEEP_HITS))
+    warnings: list[str] = field(default_factory=list)
+
+
+def _clip(text: str, start: int, end: int) -> str:
+    """The line, or a window of it around the match when the line is very long."""
+    text = text.rstrip()
+    if len(text) <= EVIDENCE_CHARS:
+        return text
+    left = max(0, min(start - EVIDENCE_CHARS // 4, end - EVIDENCE_CHARS))
+    return ("…" if left else "") + text[left : left + EVIDENCE_CHARS] + "…"
+
+
+class Scanner:
+    """Compiled once per knowledge base; `scan` may be called for many files."""
+
+    def __init__(self, kb: KnowledgeBase, chunk_bytes: int = CHUNK_BYTES) -> None:
+        self.fingerprints = kb.fingerprints
+        patterns = [fp.pattern for fp in self.fingerprints] + [m.scan for m in markers.MARKERS]
+        self.engine = engine.build(patterns)
+        self._confirm = [engine.re2_compile(p) for p in patterns[: len(self.fingerprints)]]
+        self.chunk_bytes = chunk_bytes
+
+    def scan(self, stream: BinaryIO, name: str, result: ScanResult) -> ScanResult:
+        """Scan one stream into `result` (files scanned one after another form one job)."""
+        file_no = len(result.files)
+        result.files.append(name)
+        buf = bytearray(self.chunk_bytes)
+        view = memoryview(buf)
+        carry = lines = 0
+        while True:
+            n = stream.readinto(view[carry:])
+            if not n:
+                break
+            result.bytes += n
+            filled = carry + n
+            cut = buf.rfind(b"\n", 0, filled) + 1
+            if cut == 0 and filled < len(buf):
+                carry = filled  # a short read (pipe) in the middle of a line: read on
+                continue
+            cut = cut or filled  # a line longer than the buffer is split
+            lines = self._scan_chunk(buf, cut, file_no, lines, result)
+            buf[: filled - cut] = bytes(view[cut:filled])
+            carry = filled - cut
+        if carry:
+            lines = self._scan_chunk(buf, carry, file_no, lines, result) + 1
+        view.release()
+        result.lines += lines
+        return result
+
+    def _scan_chunk(self, buf: bytearray, cut: int, file_no: int, lines: int, result: ScanResult) -> int:
+        """Scan buf[:cut] whose first line is line `lines + 1`; return the lines counted so far."""
+        # A carriage return starts a new visual line (progress bars): scan a copy where it is a newline.
+        data = bytes(buf[:cut]).translate(_CR_TO_LF) if buf.find(b"\r", 0, cut) != -1 else buf
+        with memoryview(data)[:cut] as chunk:
+            hits = self.engine.scan(chunk)
+        counted = 0
+        line_no = lines + 1
+        seen: dict[int, int] = {}
+        for end, pid in hits:
+            start = data.rfind(b"\n", 0, end) + 1
+            if seen.get(pid) == start:
+                continue  # the same pattern ending again on the same line
+            seen[pid] = start
+            line_no += buf.count(b"\n", counted, start)
+            counted = start
+            stop = data.find(b"\n", end, cut)
+            stop = cut if stop == -1 else stop
+            text = bytes(data[start : min(stop, start + MAX_HIT_LINE)]).decode("utf-8", "replace")
+            self._on_line(pid, text, file_no, line_no, result)
+        return lines + buf.count(b"\n", 0, cut)
+
+    def _on_line(self, pid: int, text: str, file_no: int, line_no: int, result: ScanResult) -> None:
+        if pid >= len(self.fingerprints):
+            self._on_marker(markers.MARKERS[pid - len(self.fingerprints)], text, file_no, line_no, result)
+            return
+        match = self._confirm[pid].search(text)
+        if match is None:
+            return  # the engine's match ran across a line end
+        fp = self.fingerprints[pid]
+        ctx = line_context(text)
+        groups = {k: redact(v) for k, v in match.groupdict().items() if v is not None}
+        hit = Hit(
+            fingerprint=fp, file=file_no, line=line_no, text=redact(_clip(text, *match.span())),
+            rank=ctx.rank, host=ctx.host, time=ctx.time, time_key=ctx.time_key, groups=groups,
+            iteration=result.iteration, checkpoint=result.checkpoint,
+        )
+        result.hits.setdefault(fp, FingerprintHits()).add(hit)
+
+    @staticmethod
+    def _on_marker(marker: markers.Marker, text: str, file_no: int, line_no: int, result: ScanResult) -> None:
+        value = markers.extract(marker, text)
+        if value is None:
+            return
+        if marker.kind == markers.ITERATION:
+            result.iteration = value
+        elif marker.kind == markers.CHECKPOINT:
+            result.checkpoint = redact(value)
+        elif marker.kind == markers.TRACEBACK:
+            result.tracebacks += 1
+        elif marker.kind == markers.EXCEPTION:
+            result.last_exceptions.append(Marked(file_no, line_no, redact(_clip(text, 0, 0))))
+        elif len(result.first_errors) < 3:
+            result.first_errors.append(Marked(file_no, line_no, redact(_clip(text, 0, 0))))
