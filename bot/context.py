@@ -30,7 +30,7 @@ _HOST = [
 ]
 _MONTHS = {m: i for i, m in enumerate("Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split(), 1)}
 _ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?")
-_GLOG = re.compile(r"\b[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")  # [W911 17:52:10.112]
+_GLOG = re.compile(r"\b[IWEF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")  # [W1009 17:52:10.112]
 _SYSLOG = re.compile(r"^([A-Z][a-z]{2}) ([ \d]\d) (\d\d):(\d\d):(\d\d)")
 _DMESG = re.compile(r"^\[\s*(\d{1,9}\.\d{3,9})\]")
 
@@ -64,7 +64,7 @@ def _time(line: str) -> tuple[str | None, tuple[str, float] | None]:
         if month:
             return m.group(0), ("md", _seconds(month, int(m.group(2)), *m.groups()[2:5], None))
     if m := _GLOG.search(head):
-        return m.group(0)[1:], ("md", _seconds(int(m.group(1)), int(m.group(2)), *m.groups()[2:]))
+        return m.group(0), ("md", _seconds(int(m.group(1)), int(m.group(2)), *m.groups()[2:]))
     if m := _DMESG.search(head):
         return m.group(0), ("boot", float(m.group(1)))
     return None, None

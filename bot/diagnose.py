@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, Iterable
 
 from bot.knowledge import Entry, KnowledgeBase
-from bot.scan import Hit, Scanner, ScanResult
+from bot.scan import CHUNK_BYTES, Hit, Scanner, ScanResult
 from bot.sources import open_log, open_path
 
 WELL_SUPPORTED = 0.5  # an entry scoring below this needs more evidence to be called the cause
@@ -158,7 +158,7 @@ def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> 
         findings.append(_finding(root, "root", spread))
     others = []
     for eh in present.values():
-        if eh is root or eh.score < WEAK:
+        if eh is root or eh.score < WELL_SUPPORTED:
             continue
         after_root = root is not None and eh.hits[0].order >= root.hits[0].order
         explained = root is not None and root.entry.id in eh.entry.caused_by
@@ -189,9 +189,9 @@ def _initiating(root: _EntryHits) -> dict:
 class Diagnoser:
     """Compiles the knowledge base once; diagnoses any number of logs."""
 
-    def __init__(self, kb: KnowledgeBase, chunk_bytes: int | None = None) -> None:
+    def __init__(self, kb: KnowledgeBase, chunk_bytes: int = CHUNK_BYTES, engine_name: str | None = None) -> None:
         self.kb = kb
-        self.scanner = Scanner(kb, chunk_bytes) if chunk_bytes else Scanner(kb)
+        self.scanner = Scanner(kb, chunk_bytes, engine_name)
 
     def diagnose_streams(self, streams: Iterable[tuple[str, BinaryIO]], jobid: str | None = None) -> Diagnosis:
         """Diagnose raw streams (gzip allowed) as one job; raises sources.InputError for binaries."""

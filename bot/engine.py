@@ -33,26 +33,26 @@ class Engine(Protocol):
         """Return (end_offset, pattern_index) pairs sorted by end offset."""
 
 
-def re2_compile(pattern: Pattern, multiline: bool = False) -> "re2._Regexp":
-    """Compile with RE2 (raises re2.error when the regex is not RE2 syntax)."""
+def re2_compile(pattern: Pattern, multiline: bool = False, text: bool = False) -> "re2._Regexp":
+    """Compile with RE2 for bytes (or str when `text`); raises re2.error when it is not RE2 syntax."""
     flags = ("i" if pattern.ignorecase else "") + ("m" if multiline else "")
-    prefix = f"(?{flags})" if flags else ""
-    return re2.compile((prefix + pattern.regex).encode())
+    source = (f"(?{flags})" if flags else "") + pattern.regex
+    return re2.compile(source if text else source.encode())
 
 
 def check(pattern: Pattern) -> str | None:
     """Why `pattern` cannot be used by the engines, or None when it can."""
     try:
-        re2_compile(pattern)
+        compiled = re2_compile(pattern)
     except re2.error as exc:
         return f"RE2 cannot compile it ({exc}); rewrite without backreferences or lookaround"
+    if compiled.search(b"") is not None:
+        return "it matches the empty string, so it would match every line; make it require text"
     if hyperscan is not None:
         try:
             _hyperscan_db([pattern])
         except hyperscan.error as exc:
             return f"Hyperscan cannot compile it ({exc}); simplify the pattern"
-    if re2_compile(pattern).search(b"") is not None:
-        return "it matches the empty string, so it would match every line; make it require text"
     return None
 
 
@@ -109,9 +109,9 @@ class RE2Engine:
         return hits
 
 
-def build(patterns: list[Pattern]) -> Engine:
-    """The fastest engine available here, unless TRAINMEDIC_ENGINE names one."""
-    wanted = os.environ.get("TRAINMEDIC_ENGINE", "auto")
+def build(patterns: list[Pattern], wanted: str | None = None) -> Engine:
+    """The engine named by `wanted` or TRAINMEDIC_ENGINE; "auto" is the fastest one available here."""
+    wanted = wanted or os.environ.get("TRAINMEDIC_ENGINE") or "auto"
     if wanted not in ("auto", "hyperscan", "re2"):
         raise ValueError(f"TRAINMEDIC_ENGINE={wanted!r}: use auto, hyperscan or re2")
     if wanted == "hyperscan" and hyperscan is None:

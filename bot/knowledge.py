@@ -99,7 +99,7 @@ def parse_entry(path: Path) -> Entry:
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise KnowledgeError(f"{path}: cannot read it as YAML: {exc}") from None
+        raise KnowledgeError(f"{path}: cannot read it as YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):
         raise KnowledgeError(f"{path}: the file must hold one mapping (id: ..., title: ...)")
     errors = sorted(_validator().iter_errors(data), key=lambda e: list(e.absolute_path))

@@ -27,10 +27,14 @@ _TQDM = re.compile(
 _KEYED = re.compile(r"\b(?:global[_ ]step|step|steps|iter|iteration)['\"]?\s*[=:]\s*(\d+)", re.I)
 _PATH = re.compile(r"""['"]?((?:/|\./|\.\./|[\w.-]+/)[^\s'",]*|checkpoint-\d+)""")
 
-MARKERS: tuple[Marker, ...] = (
+# Iteration lines can be most of a log, so they have an engine of their own that is only run over
+# the tail of a chunk unless the chunk holds a failure (see scan.Scanner._iterations).
+ITERATION_MARKERS: tuple[Marker, ...] = (
     Marker(ITERATION, Pattern(r"\biteration\s+\d+/\s*\d+ \|"), re.compile(r"\biteration\s+(\d+)/")),
     Marker(ITERATION, Pattern(r"\d%\|[^|\n]*\|\s*\d+/\d+ \["), _TQDM),
     Marker(ITERATION, Pattern(r"\b(global[_ ]step|step|steps|iter|iteration)['\"]?\s*[=:]\s*\d", True), _KEYED),
+)
+LINE_MARKERS: tuple[Marker, ...] = (
     Marker(CHECKPOINT, Pattern(r"(sav(ed|ing)|wrote|writing)\b[^\n]{0,80}(checkpoint|model to)", True), _PATH),
     Marker(TRACEBACK, Pattern(r"Traceback \(most recent call last\)")),
     Marker(EXCEPTION, Pattern(r"\b[A-Z]\w*(Error|Exception)(:|$)")),

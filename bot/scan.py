@@ -6,6 +6,7 @@ fingerprint), so the cost of a log is one engine pass plus work proportional to 
 """
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -20,6 +21,7 @@ MAX_HIT_LINE = 64 << 10  # bytes of a hit line that are examined
 EVIDENCE_CHARS = 400
 KEEP_HITS = 5  # first and last hits kept per fingerprint
 KEEP_SPREAD = 4096  # distinct ranks/hosts remembered per fingerprint
+ITERATION_TAIL = 256 << 10  # bytes at the end of a chunk searched for its last iteration line
 _CR_TO_LF = bytes.maketrans(b"\r", b"\n")
 
 
@@ -89,6 +91,14 @@ class ScanResult:
     warnings: list[str] = field(default_factory=list)
 
 
+def _line(data, end: int, cut: int) -> str:
+    """The decoded line of data[:cut] that contains offset `end` (at most MAX_HIT_LINE bytes)."""
+    start = data.rfind(b"\n", 0, end) + 1
+    stop = data.find(b"\n", end, cut)
+    stop = cut if stop == -1 else stop
+    return bytes(data[start : min(stop, start + MAX_HIT_LINE)]).decode("utf-8", "replace")
+
+
 def _clip(text: str, start: int, end: int) -> str:
     """The line, or a window of it around the match when the line is very long."""
     text = text.rstrip()
@@ -101,11 +111,12 @@ def _clip(text: str, start: int, end: int) -> str:
 class Scanner:
     """Compiled once per knowledge base; `scan` may be called for many files."""
 
-    def __init__(self, kb: KnowledgeBase, chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(self, kb: KnowledgeBase, chunk_bytes: int = CHUNK_BYTES, engine_name: str | None = None) -> None:
         self.fingerprints = kb.fingerprints
-        patterns = [fp.pattern for fp in self.fingerprints] + [m.scan for m in markers.MARKERS]
-        self.engine = engine.build(patterns)
-        self._confirm = [engine.re2_compile(p) for p in patterns[: len(self.fingerprints)]]
+        patterns = [fp.pattern for fp in self.fingerprints] + [m.scan for m in markers.LINE_MARKERS]
+        self.engine = engine.build(patterns, engine_name)
+        self.iteration_engine = engine.build([m.scan for m in markers.ITERATION_MARKERS], engine_name)
+        self._confirm = [engine.re2_compile(fp.pattern, text=True) for fp in self.fingerprints]
         self.chunk_bytes = chunk_bytes
 
     def scan(self, stream: BinaryIO, name: str, result: ScanResult) -> ScanResult:
@@ -135,13 +146,36 @@ class Scanner:
         result.lines += lines
         return result
 
+    def _iterations(self, chunk: memoryview, data, cut: int, whole: bool) -> list[int]:
+        """End offsets of iteration lines: only the tail matters unless a failure needs the ones before it."""
+        start = 0
+        if not whole and cut > 2 * ITERATION_TAIL:
+            start = data.find(b"\n", cut - ITERATION_TAIL, cut) + 1
+        ends = [start + end for end, _ in self.iteration_engine.scan(chunk[start:])]
+        if not ends and start:
+            ends = [end for end, _ in self.iteration_engine.scan(chunk)]
+        return ends
+
+    def _last_iteration(self, ends: list[int], lo: int, hi: int, data, cut: int, result: ScanResult) -> int:
+        """Set result.iteration from the last iteration line ending in data[:hi] after index lo."""
+        i = bisect.bisect_right(ends, hi, lo)
+        for end in reversed(ends[lo:i]):
+            line = _line(data, end, cut)
+            value = next((v for m in markers.ITERATION_MARKERS if (v := markers.extract(m, line))), None)
+            if value is not None:
+                result.iteration = value
+                break
+        return i
+
     def _scan_chunk(self, buf: bytearray, cut: int, file_no: int, lines: int, result: ScanResult) -> int:
         """Scan buf[:cut] whose first line is line `lines + 1`; return the lines counted so far."""
         # A carriage return starts a new visual line (progress bars): scan a copy where it is a newline.
         data = bytes(buf[:cut]).translate(_CR_TO_LF) if buf.find(b"\r", 0, cut) != -1 else buf
         with memoryview(data)[:cut] as chunk:
             hits = self.engine.scan(chunk)
-        counted = 0
+            has_failure = any(pid < len(self.fingerprints) for _, pid in hits)
+            iterations = self._iterations(chunk, data, cut, has_failure)
+        counted = done = 0
         line_no = lines + 1
         seen: dict[int, int] = {}
         for end, pid in hits:
@@ -151,15 +185,15 @@ class Scanner:
             seen[pid] = start
             line_no += buf.count(b"\n", counted, start)
             counted = start
-            stop = data.find(b"\n", end, cut)
-            stop = cut if stop == -1 else stop
-            text = bytes(data[start : min(stop, start + MAX_HIT_LINE)]).decode("utf-8", "replace")
-            self._on_line(pid, text, file_no, line_no, result)
+            if pid < len(self.fingerprints):
+                done = self._last_iteration(iterations, done, start, data, cut, result)
+            self._on_line(pid, _line(data, end, cut), file_no, line_no, result)
+        self._last_iteration(iterations, done, cut, data, cut, result)
         return lines + buf.count(b"\n", 0, cut)
 
     def _on_line(self, pid: int, text: str, file_no: int, line_no: int, result: ScanResult) -> None:
         if pid >= len(self.fingerprints):
-            self._on_marker(markers.MARKERS[pid - len(self.fingerprints)], text, file_no, line_no, result)
+            self._on_marker(markers.LINE_MARKERS[pid - len(self.fingerprints)], text, file_no, line_no, result)
             return
         match = self._confirm[pid].search(text)
         if match is None:
@@ -179,9 +213,7 @@ class Scanner:
         value = markers.extract(marker, text)
         if value is None:
             return
-        if marker.kind == markers.ITERATION:
-            result.iteration = value
-        elif marker.kind == markers.CHECKPOINT:
+        if marker.kind == markers.CHECKPOINT:
             result.checkpoint = redact(value)
         elif marker.kind == markers.TRACEBACK:
             result.tracebacks += 1

@@ -1,0 +1,156 @@
+"""The streaming scan: line numbers, chunk boundaries, odd bytes, both engines, bounded evidence."""
+import gzip
+import io
+
+import pytest
+
+from bot.diagnose import Diagnoser
+from bot.knowledge import load
+from bot.scan import EVIDENCE_CHARS
+from conftest import ENGINES, entry_yaml, write_entries
+
+BOOM = "KABOOM at step (?P<step>[0-9]+)"
+
+
+@pytest.fixture(scope="module")
+def tiny_kb(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("kb")
+    write_entries(
+        folder,
+        entry_yaml("boom", BOOM),
+        entry_yaml("after-shock", r"aftershock detected", role="cascade", strength=0.6),
+    )
+    return load([folder])
+
+
+def _diagnose(kb, text: bytes, engine: str, chunk: int = 1 << 16):
+    return Diagnoser(kb, chunk_bytes=chunk, engine_name=engine).diagnose_streams([("log", io.BytesIO(text))])
+
+
+def _log(n_lines: int = 300, boom_at: int = 250) -> bytes:
+    lines = []
+    for i in range(1, n_lines + 1):
+        if i == boom_at:
+            lines.append(f"[rank5]: KABOOM at step {i}")
+        elif i == boom_at + 10:
+            lines.append("[rank0]: aftershock detected")
+        else:
+            lines.append(f"[rank{i % 8}]: iteration {i}/ 1000 | loss 2.{i:03d} | lr 1e-4")
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("chunk", [61, 257, 4096, 1 << 20])
+def test_line_numbers_and_roles_do_not_depend_on_chunking_or_engine(tiny_kb, engine, chunk):
+    d = _diagnose(tiny_kb, _log(), engine, chunk)
+    assert d.root.entry.id == "boom"
+    assert [h.line for h in d.root.hits] == [250]
+    assert d.root.hits[0].rank == 5
+    assert d.root.groups == {"step": "250"}
+    assert [(f.entry.id, f.role, f.first.line) for f in d.findings[1:]] == [("after-shock", "collateral", 260)]
+    assert d.scan.lines == 300
+    assert d.progress == {"iteration": 249, "checkpoint": None}
+    assert d.initiating == {"rank": 5, "host": None, "line": 250, "file": 0}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_carriage_returns_of_progress_bars_start_lines_but_do_not_count(tiny_kb, engine):
+    text = b"epoch 1\r 10%|#   | 1/10 [00:01<00:09]\r 20%|##  | 2/10 [00:02<00:08]KABOOM at step 2\nnext\n"
+    d = _diagnose(tiny_kb, text, engine)
+    assert d.root.first.line == 1
+    assert d.root.first.text.endswith("KABOOM at step 2")
+    assert d.scan.lines == 2
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_crlf_and_cr_only_files(tiny_kb, engine):
+    crlf = b"a\r\nb\r\nKABOOM at step 3\r\n"
+    assert _diagnose(tiny_kb, crlf, engine).root.first.line == 3
+    cr_only = b"a\rb\rKABOOM at step 3\r"
+    d = _diagnose(tiny_kb, cr_only, engine)
+    assert d.root.entry.id == "boom"  # found even though the file has no newline at all
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_100k_character_line_is_scanned_and_the_evidence_clipped(tiny_kb, engine):
+    line = "x" * 60_000 + " KABOOM at step 7 " + "y" * 40_000
+    d = _diagnose(tiny_kb, f"first\n{line}\nlast\n".encode(), engine)
+    hit = d.root.first
+    assert hit.line == 2
+    assert "KABOOM at step 7" in hit.text
+    assert len(hit.text) <= EVIDENCE_CHARS + 2
+
+
+def test_a_line_longer_than_the_buffer_is_split_not_lost(tiny_kb):
+    text = b"z" * 5000 + b"\nKABOOM at step 1\n"
+    d = _diagnose(tiny_kb, text, "re2", chunk=512)
+    assert d.root.first.line == 2
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_broken_utf8_and_nul_bytes(tiny_kb, engine):
+    text = b"\xff\xfe\xc3(garbage\n\x00\x00\x00\x00\nKABOOM at step 9 \xe2\x82\n"
+    d = _diagnose(tiny_kb, text, engine)
+    assert d.root.first.line == 3
+    assert "\ufffd" in d.root.first.text  # undecodable bytes shown, not fatal
+
+
+def test_empty_input(tiny_kb):
+    d = _diagnose(tiny_kb, b"", "re2")
+    assert d.root is None and d.findings == [] and d.scan.lines == 0 and d.scan.bytes == 0
+
+
+def test_no_match_keeps_the_likely_error_lines(tiny_kb):
+    text = b"start\nWARNING something odd\nTraceback (most recent call last):\n  File \"t.py\", line 1\nValueError: bad value\nerror: the job failed\n"
+    d = _diagnose(tiny_kb, text, "re2")
+    from bot.render import likely_errors
+
+    assert d.root is None
+    assert [(m.line, m.text) for m in likely_errors(d)] == [(5, "ValueError: bad value"), (6, "error: the job failed")]
+
+
+def test_secrets_never_reach_the_evidence(tiny_kb):
+    text = b"KABOOM at step 1 while uploading with token=hf_abcdefghijklmnopqrstuvwxyz123456\n"
+    d = _diagnose(tiny_kb, text, "re2")
+    assert "hf_abc" not in d.root.first.text and "[REDACTED]" in d.root.first.text
+
+
+def test_gzip_is_read_transparently_and_truncation_reported(tiny_kb):
+    whole = gzip.compress(_log())
+    d = _diagnose(tiny_kb, whole, "re2")
+    assert d.root.first.line == 250 and not d.warnings
+    cut = _diagnose(tiny_kb, whole[: len(whole) // 2], "re2")
+    assert cut.warnings and "truncated" in cut.warnings[0]
+
+
+def test_several_files_are_one_job_with_per_file_lines(tiny_kb):
+    streams = [("rank0.log", io.BytesIO(b"ok\nok\n")), ("rank5.log", io.BytesIO(b"ok\n[rank5]: KABOOM at step 4\n"))]
+    d = Diagnoser(tiny_kb, engine_name="re2").diagnose_streams(streams)
+    assert d.root.first.file == 1 and d.root.first.line == 2
+    assert d.scan.lines == 4
+
+
+def test_memory_per_fingerprint_is_bounded(tiny_kb):
+    text = "".join(f"[rank{i % 64}]: KABOOM at step {i}\n" for i in range(20_000)).encode()
+    d = _diagnose(tiny_kb, text, "re2")
+    fph = next(iter(d.scan.hits.values()))
+    assert fph.count == 20_000
+    assert len(fph.hits) == 10  # first five and last five kept
+    assert len(fph.ranks) == 64
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("failure_at_mb", [0.3, 1.0, 1.9])
+def test_progress_before_a_failure_in_big_chunks(tiny_kb, engine, failure_at_mb):
+    """Iteration lines fill the log; the one right before the failure is reported, wherever chunks end."""
+    lines, size, it, before = [], 0, 0, None
+    while size < 3 << 20:
+        it += 1
+        line = f"[rank0]: iteration {it:8d}/  900000 | lm loss: 1.9E+00 |"
+        if before is None and size + len(line) >= failure_at_mb * (1 << 20):
+            before = it - 1
+            line = "[rank2]: KABOOM at step 1"
+        lines.append(line)
+        size += len(line) + 1
+    d = _diagnose(tiny_kb, ("\n".join(lines) + "\n").encode(), engine, chunk=1 << 20)
+    assert d.progress["iteration"] == before
