@@ -13,6 +13,7 @@ Settings (environment variables):
 \b
   TRAINMEDIC_KB_PATH       extra knowledge entry folders, colon-separated, layered over the shipped ones
   TRAINMEDIC_ENGINE        auto (default), hyperscan or re2: the multi-pattern engine
+  TRAINMEDIC_DB            incident history SQLite file (default ~/.local/share/trainmedic/incidents.db)
 """
 
 
@@ -53,10 +54,28 @@ def diagnose(paths: tuple[str, ...], fmt: str, jobid: str | None, no_record: boo
         d = diagnoser.diagnose_paths(list(paths), jobid=jobid)
     except InputError as exc:
         raise UsageProblem(str(exc)) from None
+    incident = None if no_record else _record(d, jobid)
     if fmt == "json":
-        click.echo(render.dumps(d))
+        click.echo(render.dumps(d, incident))
     else:
-        click.echo(render.to_text(d, markdown=fmt == "markdown"), nl=False)
+        click.echo(render.to_text(d, markdown=fmt == "markdown", incident=incident), nl=False)
+
+
+def _record(d, jobid: str | None) -> dict | None:
+    """Keep the diagnosis as an incident; a history that cannot be written must not lose the answer."""
+    import sqlite3
+
+    from bot.history import History
+
+    try:
+        history = History()
+        try:
+            return history.record(d, source="cli", job=jobid)
+        finally:
+            history.close()
+    except (OSError, sqlite3.Error) as exc:
+        click.echo(f"warning: incident not recorded ({exc}); set TRAINMEDIC_DB to a writable file", err=True)
+        return None
 
 
 @main.group()
@@ -103,6 +122,122 @@ def kb_check() -> None:
     report = check(_load_kb())
     click.echo(format_report(report))
     sys.exit(0 if report.ok else 1)
+
+
+def _history():
+    import sqlite3
+
+    from bot.history import History
+
+    try:
+        return History()
+    except (OSError, sqlite3.Error) as exc:
+        raise UsageProblem(f"cannot open the incident history: {exc} (TRAINMEDIC_DB)") from None
+
+
+FORMAT = click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown", "csv"]), default="text",
+                      show_default=True)
+LIST_COLUMNS = ["id", "at", "entry", "status", "host", "job", "signature"]
+
+
+@main.group()
+def incidents() -> None:
+    """Review the incident history (TRAINMEDIC_DB)."""
+
+
+@incidents.command("list")
+@click.option("--days", type=int, help="Only the last N days.")
+@click.option("--entry", help="Only this knowledge entry id ('unknown' for unmatched logs).")
+@click.option("--host", help="Only incidents that involve this host.")
+@click.option("--status", type=click.Choice(["open", "resolved", "wrong"]))
+@click.option("--limit", type=int, default=50, show_default=True)
+@FORMAT
+def incidents_list(days, entry, host, status, limit, fmt) -> None:
+    """List recent incidents, newest first."""
+    from bot.tables import render as table
+
+    rows = _history().list(days=days, entry=entry, host=host, status=status, limit=limit)
+    click.echo(table(rows, fmt, None if fmt == "json" else LIST_COLUMNS))
+
+
+@incidents.command("show")
+@click.argument("incident_id", type=int)
+@FORMAT
+def incidents_show(incident_id: int, fmt: str) -> None:
+    """Show one incident: its evidence, feedback and links to earlier ones."""
+    import json
+
+    from bot.tables import render as table
+
+    try:
+        inc = _history().show(incident_id)
+    except LookupError as exc:
+        raise UsageProblem(str(exc)) from None
+    if fmt == "json":
+        click.echo(json.dumps(inc, indent=2, ensure_ascii=False))
+        return
+    head = {k: v for k, v in inc.items() if k not in ("evidence", "feedback", "links", "signature_text")}
+    click.echo(table([head], fmt) if fmt == "csv" else "\n".join(f"{k}: {v}" for k, v in head.items() if v is not None))
+    click.echo("\nevidence:")
+    click.echo(table(inc["evidence"], fmt, ["role", "entry", "line", "rank", "host", "text"]))
+    links = inc["links"]
+    click.echo(f"\nseen {links['count']} time(s) since {links['first_seen']}" + (" - came back after a fix" if links["came_back"] else ""))
+    if inc["feedback"]:
+        click.echo("\nfeedback:")
+        click.echo(table(inc["feedback"], fmt, ["at", "kind", "user", "entry", "note"]))
+
+
+@incidents.command("stats")
+@click.option("--days", type=int, default=7, show_default=True)
+@FORMAT
+def incidents_stats(days: int, fmt: str) -> None:
+    """Counts by failure and by host, and the flaky hosts to drain."""
+    import json
+
+    from bot.tables import render as table
+
+    stats = _history().stats(days)
+    if fmt == "json":
+        click.echo(json.dumps(stats, indent=2))
+        return
+    click.echo(f"{stats['incidents']} incidents in the last {days} days\n\nby failure:")
+    click.echo(table(stats["by_entry"], fmt, ["entry", "incidents", "open", "last"]))
+    click.echo("\nby host:")
+    click.echo(table(stats["by_host"], fmt, ["host", "incidents", "hardware", "last"]))
+    if stats["flaky_hosts"]:
+        click.echo("\nflaky hosts (several hardware incidents):")
+        click.echo(table(stats["flaky_hosts"], fmt, ["host", "incidents", "entries", "drain"]))
+
+
+@incidents.command("search")
+@click.argument("words", nargs=-1, required=True)
+@click.option("--limit", type=int, default=50, show_default=True)
+@FORMAT
+def incidents_search(words, limit, fmt) -> None:
+    """Incidents whose entry, title, job, host, note or evidence contain every word."""
+    from bot.tables import render as table
+
+    rows = _history().search(" ".join(words), limit=limit)
+    click.echo(table(rows, fmt, None if fmt == "json" else LIST_COLUMNS))
+
+
+@incidents.command("export")
+@click.option("--feedback", is_flag=True, help="Export wrong-diagnosis reports as knowledge-base examples (YAML).")
+@click.option("--days", type=int, help="Only the last N days.")
+@FORMAT
+def incidents_export(feedback: bool, days, fmt: str) -> None:
+    """Export every incident (for a spreadsheet or another tool), or the feedback as KB examples."""
+    from bot.tables import render as table
+
+    history = _history()
+    if feedback:
+        import yaml
+
+        examples = [{"name": f"incident {r['incident']}: diagnosed {r['diagnosed'] or 'nothing'}, was {r['right_entry']}",
+                     "entry": r["right_entry"], "note": r["note"], "log": r["log"]} for r in history.feedback_examples()]
+        click.echo(yaml.safe_dump(examples, sort_keys=False, allow_unicode=True) if examples else "# no feedback yet")
+        return
+    click.echo(table(history.list(days=days, limit=1_000_000), fmt))
 
 
 if __name__ == "__main__":

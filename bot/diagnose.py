@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, Iterable
 
 from bot.knowledge import Entry, KnowledgeBase
-from bot.scan import CHUNK_BYTES, Hit, Scanner, ScanResult
+from bot.scan import CHUNK_BYTES, Hit, Marked, Scanner, ScanResult
 from bot.sources import open_log, open_path
 
 WELL_SUPPORTED = 0.5  # an entry scoring below this needs more evidence to be called the cause
@@ -56,6 +56,15 @@ class Diagnosis:
             return values.get(m.group(1)) or (m.group(2) if m.group(2) is not None else f"<{m.group(1)}>")
 
         return _PLACEHOLDER.sub(sub, text)
+
+    def likely_errors(self) -> list[Marked]:
+        """The last exception lines and the first error lines: what to read when nothing matched."""
+        seen, out = set(), []
+        for m in list(self.scan.last_exceptions)[-3:] + self.scan.first_errors:
+            if (m.file, m.line) not in seen:
+                seen.add((m.file, m.line))
+                out.append(m)
+        return sorted(out, key=lambda m: (m.file, m.line))
 
 
 @dataclass

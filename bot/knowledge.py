@@ -1,6 +1,7 @@
 """Load and validate the knowledge base: shipped entries, with site folders layered on top."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from typing import Any
 import yaml
 
 import knowledge as shipped
-from bot import engine
+from bot import __version__, engine
 
 ROLES = ("root", "cascade", "confirm")
 
@@ -94,10 +95,11 @@ def _schema_problem(error) -> str:
     return f"field {where}: {error.message}"
 
 
-def parse_entry(path: Path) -> Entry:
+def parse_entry(path: Path, text: str | None = None) -> Entry:
     """Read and validate one entry file; raise KnowledgeError naming what to fix."""
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        text = path.read_text(encoding="utf-8") if text is None else text
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise KnowledgeError(f"{path}: cannot read it as YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):
@@ -107,18 +109,76 @@ def parse_entry(path: Path) -> Entry:
         raise KnowledgeError(f"{path}: {_schema_problem(errors[0])}")
     if data["id"] != path.stem:
         raise KnowledgeError(f"{path}: field id: {data['id']!r} differs from the file name; rename the file to {data['id']}.yaml or fix the id")
-    fingerprints = []
     seen = set()
     for i, fp in enumerate(data["fingerprints"]):
         if fp["id"] in seen:
             raise KnowledgeError(f"{path}: field fingerprints[{i}].id: duplicate fingerprint id {fp['id']!r}; give each one its own id")
         seen.add(fp["id"])
-        fingerprint = Fingerprint(entry=data["id"], **fp)
-        problem = engine.check(fingerprint.pattern)
+        problem = engine.check(engine.Pattern(fp["regex"], fp.get("ignorecase", False)))
         if problem:
             raise KnowledgeError(f"{path}: field fingerprints[{i}].regex: {problem}")
-        fingerprints.append(fingerprint)
-    return Entry(id=data["id"], data=data, source=path, fingerprints=tuple(fingerprints))
+    return _entry(path, data)
+
+
+def _entry(path: Path, data: dict) -> Entry:
+    fingerprints = tuple(Fingerprint(entry=data["id"], **fp) for fp in data["fingerprints"])
+    return Entry(id=data["id"], data=data, source=path, fingerprints=fingerprints)
+
+
+class _ValidatedCache:
+    """Entries already validated, keyed by a hash of their text (and of the schema and engines).
+
+    Validation is the slow part of a load (jsonschema, one regex compile per fingerprint); an entry
+    whose text has not changed since it was last validated is taken from here.
+    """
+
+    def __init__(self) -> None:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        self.path = base / "trainmedic" / "validated-entries.json"
+        salt = f"{__version__}|{engine.hyperscan is not None}|".encode() + shipped.SCHEMA.read_bytes()
+        self._salt = hashlib.sha256(salt).digest()
+        try:
+            self._old = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self._old = {}
+        self._new: dict[str, dict] = {}
+
+    def key(self, text: str) -> str:
+        return hashlib.sha256(self._salt + text.encode()).hexdigest()
+
+    def get(self, key: str) -> dict | None:
+        data = self._old.get(key)
+        if data is not None:
+            self._new[key] = data
+        return data
+
+    def put(self, key: str, data: dict) -> None:
+        self._new[key] = data
+
+    def save(self) -> None:
+        if self._new.keys() == self._old.keys():
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self._new))
+            tmp.replace(self.path)
+        except OSError:
+            pass  # a read-only home only costs the next load its validation time
+
+
+def _load_file(path: Path, cache: _ValidatedCache) -> Entry:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KnowledgeError(f"{path}: cannot read it: {exc}") from None
+    key = cache.key(text)
+    data = cache.get(key)
+    if data is not None and data.get("id") == path.stem:
+        return _entry(path, data)
+    entry = parse_entry(path, text)
+    cache.put(key, entry.data)
+    return entry
 
 
 def entry_folders(extra: str | None = None) -> list[Path]:
@@ -130,6 +190,7 @@ def entry_folders(extra: str | None = None) -> list[Path]:
 def load(folders: list[Path] | None = None) -> KnowledgeBase:
     """Load every entry of every folder, validating each; site entries with a shipped id replace it."""
     entries: dict[str, Entry] = {}
+    cache = _ValidatedCache()
     for folder in folders if folders is not None else entry_folders():
         if not folder.is_dir():
             raise KnowledgeError(f"{folder}: not a folder of knowledge entries (check TRAINMEDIC_KB_PATH)")
@@ -137,10 +198,11 @@ def load(folders: list[Path] | None = None) -> KnowledgeBase:
             raise KnowledgeError(f"{stray}: entries end in .yaml; rename it to {stray.stem}.yaml")
         layer: dict[str, Entry] = {}
         for path in sorted(folder.glob("*.yaml")):
-            entry = parse_entry(path)
+            entry = _load_file(path, cache)
             layer[entry.id] = entry
         entries.update(layer)
     _check_links(entries)
+    cache.save()
     return KnowledgeBase(entries)
 
 

@@ -48,23 +48,13 @@ def to_json(d: Diagnosis, incident: dict | None = None) -> dict:
         "lines_scanned": d.scan.lines,
         "bytes_scanned": d.scan.bytes,
         "cascade_only": d.cascade_only,
-        "likely_errors": [{"line": m.line, "text": m.text} for m in likely_errors(d)],
+        "likely_errors": [{"line": m.line, "text": m.text} for m in d.likely_errors()],
         "warnings": d.warnings,
     }
 
 
 def dumps(d: Diagnosis, incident: dict | None = None) -> str:
     return json.dumps(to_json(d, incident), indent=2, ensure_ascii=False)
-
-
-def likely_errors(d: Diagnosis) -> list:
-    """The last exception lines and the first error lines: what to read when nothing matched."""
-    seen, out = set(), []
-    for m in list(d.scan.last_exceptions)[-3:] + d.scan.first_errors:
-        if (m.file, m.line) not in seen:
-            seen.add((m.file, m.line))
-            out.append(m)
-    return sorted(out, key=lambda m: (m.file, m.line))
 
 
 def _where(d: Diagnosis) -> str | None:
@@ -120,13 +110,34 @@ def _steps(entry: Entry, d: Diagnosis, f: Finding, md: bool) -> list[str]:
     return out
 
 
-def to_text(d: Diagnosis, markdown: bool = False) -> str:
+def history_lines(incident: dict | None) -> list[str]:
+    """What the incident history says: repeats, a comeback after a fix, hosts to drain."""
+    if not incident:
+        return []
+    out = []
+    if incident["count"] > 1:
+        ids = ", ".join(f"#{p['id']} ({p['where']})" for p in incident["previous"])
+        out.append(f"Seen {incident['count']} times since {incident['first_seen'][:10]}: {ids}")
+    if incident["came_back"]:
+        res = incident["last_resolution"]
+        out.append(f"Came back after a fix: #{res['id']} was resolved {str(res['at'])[:10]} with: {res['note']}")
+    for host in incident["flaky_hosts"]:
+        out.append(f"Host {host['host']} has {host['incidents']} hardware incidents ({', '.join(host['entries'])}): "
+                   f"{host['drain']}")
+    return out
+
+
+def to_text(d: Diagnosis, markdown: bool = False, incident: dict | None = None) -> str:
     """Terminal (or markdown) report: verdict first, then evidence, origin, collateral, fix, verify."""
     h = (lambda s: f"### {s}") if markdown else (lambda s: f"{s}:")
     code = (lambda s: f"`{s}`") if markdown else (lambda s: s)
     out = [("## " if markdown else "") + verdict(d)]
+    if hist := history_lines(incident):
+        out += ["", h("History")] + [f"  {line}" for line in hist]
+    if incident:
+        out += [f"Incident #{incident['id']} (signature {incident['signature']})"]
     if d.root is None:
-        errors = likely_errors(d)
+        errors = d.likely_errors()
         if errors:
             out += ["", h("Most likely error lines")] + [f"  {m.line}: {m.text}" for m in errors]
         out += ["", f"Scanned {d.scan.lines} lines ({d.scan.bytes} bytes)."]

@@ -12,6 +12,12 @@ from bot.knowledge import entry_folders, load
 ENGINES = ["re2"] + (["hyperscan"] if engine.hyperscan is not None else [])
 
 
+@pytest.fixture(autouse=True)
+def _own_history_file(tmp_path, monkeypatch):
+    """Every test (and every CLI it starts) writes incidents to a file of its own."""
+    monkeypatch.setenv("TRAINMEDIC_DB", str(tmp_path / "incidents.db"))
+
+
 @pytest.fixture(scope="session")
 def kb():
     return load(entry_folders(""))  # the shipped entries only, whatever the environment says

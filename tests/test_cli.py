@@ -26,7 +26,7 @@ def _json(args, **kw):
 
 
 def test_json_contract(tmp_path):
-    out = _json([str(write(tmp_path / "job.log", OOM_LOG)), "--job", "4812345"])
+    out = _json([str(write(tmp_path / "job.log", OOM_LOG)), "--job", "4812345", "--no-record"])
     assert set(out) >= {"root", "findings", "initiating", "progress", "incident", "lines_scanned", "bytes_scanned"}
     assert out["root"] == "slurm-cgroup-oom"
     root = out["findings"][0]
@@ -162,3 +162,44 @@ def test_a_broken_site_entry_is_a_one_line_error(tmp_path):
     proc = run_cli("kb", "list", env={**os.environ, "TRAINMEDIC_KB_PATH": str(tmp_path)})
     assert proc.returncode == 2
     assert proc.stderr.decode().count("\n") == 1 and "oops.yaml" in proc.stderr.decode()
+
+
+def test_diagnoses_are_recorded_and_repeats_linked(tmp_path):
+    log = str(write(tmp_path / "job.log", OOM_LOG))
+    first = _json([log, "--job", "1"])["incident"]
+    second = _json([log, "--job", "2"])["incident"]
+    assert first["count"] == 1 and second["count"] == 2
+    assert second["previous"] == [{"id": first["id"], "at": second["previous"][0]["at"], "where": "job 1 on gpu-a100-17"}]
+    text = run_cli("diagnose", log).stdout.decode()
+    assert "Seen 3 times since" in text and f"#{first['id']}" in text
+
+
+def test_an_unwritable_history_does_not_lose_the_diagnosis(tmp_path):
+    import os
+
+    env = {**os.environ, "TRAINMEDIC_DB": str(tmp_path / "no" / "such" / "dir" / "x.db")}
+    (tmp_path / "no").write_text("a file where a folder should be")
+    proc = run_cli("diagnose", "--format", "json", str(write(tmp_path / "job.log", OOM_LOG)), env=env)
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout)["root"] == "slurm-cgroup-oom"
+    assert b"incident not recorded" in proc.stderr
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "markdown", "csv"])
+def test_incidents_commands_in_every_format(tmp_path, fmt):
+    log = str(write(tmp_path / "job.log", OOM_LOG))
+    for job in ("11", "12"):
+        assert run_cli("diagnose", log, "--job", job).returncode == 0
+    for args in (["list"], ["show", "1"], ["stats"], ["search", "oom-kill"], ["export"]):
+        proc = run_cli("incidents", *args, "--format", fmt)
+        assert proc.returncode == 0, (args, proc.stderr)
+        out = proc.stdout.decode()
+        if fmt == "json":
+            json.loads(out)
+        assert "slurm-cgroup-oom" in out, (args, out)
+    listing = run_cli("incidents", "list", "--format", "csv").stdout.decode().splitlines()
+    assert listing[0] == "id,at,entry,status,host,job,signature" and len(listing) == 3
+    stats = json.loads(run_cli("incidents", "stats", "--format", "json").stdout)
+    assert stats["by_entry"][0] == {**stats["by_entry"][0], "entry": "slurm-cgroup-oom", "incidents": 2}
+    missing = run_cli("incidents", "show", "999")
+    assert missing.returncode == 2 and b"no incident 999" in missing.stderr

@@ -103,10 +103,8 @@ def test_empty_input(tiny_kb):
 def test_no_match_keeps_the_likely_error_lines(tiny_kb):
     text = b"start\nWARNING something odd\nTraceback (most recent call last):\n  File \"t.py\", line 1\nValueError: bad value\nerror: the job failed\n"
     d = _diagnose(tiny_kb, text, "re2")
-    from bot.render import likely_errors
-
     assert d.root is None
-    assert [(m.line, m.text) for m in likely_errors(d)] == [(5, "ValueError: bad value"), (6, "error: the job failed")]
+    assert [(m.line, m.text) for m in d.likely_errors()] == [(5, "ValueError: bad value"), (6, "error: the job failed")]
 
 
 def test_secrets_never_reach_the_evidence(tiny_kb):
