@@ -26,6 +26,7 @@ _HOST = [
         r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d ([\w.-]+) ",  # syslog: Mar  3 10:00:01 node12 kernel:
         r"^([a-z][a-z0-9-]*\d[a-z0-9.-]*): ",  # pdsh / DeepSpeed launcher prefixes: worker-1:
         r"\bhost(?:name)?[=:]\s*([A-Za-z][\w.-]+)",
+        r"^\s*host\s+:\s*([A-Za-z][\w.-]*)\s*$",  # torchrun's failure table: "  host      : node12"
     )
 ]
 _MONTHS = {m: i for i, m in enumerate("Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split(), 1)}

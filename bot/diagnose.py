@@ -12,7 +12,7 @@ from typing import BinaryIO, Iterable
 
 from bot.knowledge import Entry, KnowledgeBase
 from bot.scan import CHUNK_BYTES, Hit, Marked, Scanner, ScanResult
-from bot.sources import open_log, open_path
+from bot.sources import Capped, open_log, open_path
 
 WELL_SUPPORTED = 0.5  # an entry scoring below this needs more evidence to be called the cause
 WEAK = 0.3
@@ -177,7 +177,7 @@ def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> 
     findings += others
     diagnosis = Diagnosis(findings[0] if root else None, findings, cascade_only, result, jobid, warnings=list(result.warnings))
     if root is not None:
-        diagnosis.initiating = _initiating(root)
+        diagnosis.initiating = _initiating(root, present)
         start = root.first_of("root") or root.hits[0]
         if start.iteration or start.checkpoint:
             diagnosis.progress = {"iteration": _as_int(start.iteration), "checkpoint": start.checkpoint}
@@ -188,10 +188,18 @@ def _as_int(value: str | None) -> int | str | None:
     return int(value) if value and value.isdigit() else value
 
 
-def _initiating(root: _EntryHits) -> dict:
+NEARBY_LINES = 5  # a line this close after the root's first hit may name where it happened
+
+
+def _initiating(root: _EntryHits, present: dict[str, _EntryHits]) -> dict:
+    """Rank and host of the root's first hit; failing that, of its other hits, then of lines printed
+    right after it (slurmstepd names no node, the `srun: error: node: task N` line after it does)."""
     start = root.first_of("root") or root.hits[0]
-    rank = start.rank if start.rank is not None else next((h.rank for h in root.hits if h.rank is not None), None)
-    host = start.host or next((h.host for h in root.hits if h.host), None)
+    nearby = [h for eh in present.values() for h in eh.hits
+              if h.file == start.file and start.line <= h.line <= start.line + NEARBY_LINES]
+    candidates = [start] + root.hits + sorted(nearby, key=lambda h: h.order)
+    rank = next((h.rank for h in candidates if h.rank is not None), None)
+    host = next((h.host for h in candidates if h.host), None)
     return {"rank": rank, "host": host, "line": start.line, "file": start.file}
 
 
@@ -202,11 +210,15 @@ class Diagnoser:
         self.kb = kb
         self.scanner = Scanner(kb, chunk_bytes, engine_name)
 
-    def diagnose_streams(self, streams: Iterable[tuple[str, BinaryIO]], jobid: str | None = None) -> Diagnosis:
-        """Diagnose raw streams (gzip allowed) as one job; raises sources.InputError for binaries."""
+    def diagnose_streams(self, streams: Iterable[tuple[str, BinaryIO]], jobid: str | None = None,
+                         max_bytes: int | None = None) -> Diagnosis:
+        """Diagnose raw streams (gzip allowed) as one job, each cut after `max_bytes` of text if given;
+        raises sources.InputError for binaries."""
         result = ScanResult()
         for name, raw in streams:
             with open_log(raw, name, result.warnings) as stream:
+                if max_bytes is not None:
+                    stream = io.BufferedReader(Capped(stream, max_bytes, result.warnings, name), 1 << 20)
                 self.scanner.scan(stream, name, result)
         return analyse(self.kb, result, jobid)
 

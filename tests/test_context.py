@@ -19,6 +19,7 @@ HOSTS = [
     ("srun: error: jean-zay-iam37: task 0: Killed", "jean-zay-iam37"),
     ("srun: error: Node failure on jean-zay-iam49", "jean-zay-iam49"),
     ("Mar  3 10:00:01 node7 kernel: NVRM: Xid (PCI:0000:3b:00): 79", "node7"),
+    ("  host      : gpu-node-07", "gpu-node-07"),
     ("RuntimeError: not a host", None),
 ]
 TIMES = [
