@@ -7,14 +7,10 @@ import click
 
 from bot import __version__
 
-SETTINGS_HELP = """
-Settings (environment variables):
+def _epilog() -> str:
+    from bot.config import settings_help
 
-\b
-  TRAINMEDIC_KB_PATH       extra knowledge entry folders, colon-separated, layered over the shipped ones
-  TRAINMEDIC_ENGINE        auto (default), hyperscan or re2: the multi-pattern engine
-  TRAINMEDIC_DB            incident history SQLite file (default ~/.local/share/trainmedic/incidents.db)
-"""
+    return "Settings (environment variables):\n\n\b\n" + settings_help()
 
 
 class UsageProblem(click.ClickException):
@@ -32,33 +28,52 @@ def _load_kb():
         raise UsageProblem(str(exc)) from None
 
 
-@click.group(epilog=SETTINGS_HELP, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(epilog=_epilog(), context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="trainmedic")
 def main() -> None:
     """trainmedic: diagnose failing ML training and serving logs."""
 
 
 @main.command()
-@click.argument("paths", nargs=-1, required=True)
+@click.argument("paths", nargs=-1)
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)
-@click.option("--job", "jobid", help="Slurm job id the logs belong to (filled into the verification command).")
+@click.option("--job", "jobid", help="Slurm job id: alone, its logs and accounting are read; with paths, it names them.")
 @click.option("--no-record", is_flag=True, help="Do not keep this diagnosis as an incident.")
 def diagnose(paths: tuple[str, ...], fmt: str, jobid: str | None, no_record: bool) -> None:
-    """Diagnose log files (gzip is read as is; '-' reads stdin). Several files are one job, one per rank."""
+    """Diagnose log files (gzip is read as is; '-' reads stdin), or a Slurm job with --job.
+
+    Several files are one job, one file per rank."""
     from bot import render
     from bot.diagnose import Diagnoser
     from bot.sources import InputError
 
+    if not paths and not jobid:
+        raise click.UsageError("give log files, '-' for stdin, or --job JOBID")
     diagnoser = Diagnoser(_load_kb())
+    notes: list[str] = []
     try:
-        d = diagnoser.diagnose_paths(list(paths), jobid=jobid)
+        if paths:
+            d = diagnoser.diagnose_paths(list(paths), jobid=jobid)
+        else:
+            d, notes = _diagnose_job(diagnoser, jobid)
     except InputError as exc:
         raise UsageProblem(str(exc)) from None
     incident = None if no_record else _record(d, jobid)
     if fmt == "json":
-        click.echo(render.dumps(d, incident))
+        click.echo(render.dumps(d, incident, notes))
     else:
-        click.echo(render.to_text(d, markdown=fmt == "markdown", incident=incident), nl=False)
+        click.echo(render.to_text(d, markdown=fmt == "markdown", incident=incident, notes=notes), nl=False)
+
+
+def _diagnose_job(diagnoser, jobid: str):
+    from bot.config import ConfigError, Settings
+    from bot.slurm import JobError, diagnose_job_sync
+
+    try:
+        job = diagnose_job_sync(diagnoser, Settings.from_env(), jobid)
+    except (JobError, ConfigError) as exc:
+        raise UsageProblem(str(exc)) from None
+    return job.diagnosis, job.notes
 
 
 def _record(d, jobid: str | None) -> dict | None:
@@ -122,6 +137,25 @@ def kb_check() -> None:
     report = check(_load_kb())
     click.echo(format_report(report))
     sys.exit(0 if report.ok else 1)
+
+
+@main.command()
+@click.option("--port", type=int, default=3000, show_default=True, help="HTTP port (/slack/events, /healthz).")
+@click.option("--socket-mode", is_flag=True, help="Connect to Slack over Socket Mode (SLACK_APP_TOKEN); /healthz stays on --port.")
+@click.option("--host", default="0.0.0.0", show_default=True)
+def serve(port: int, socket_mode: bool, host: str) -> None:
+    """Run the Slack bot (HTTP mode by default)."""
+    import asyncio
+    import logging
+
+    from bot.config import ConfigError, Settings
+    from bot.server import run
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(run(Settings.from_env(), port, socket_mode, host))
+    except ConfigError as exc:
+        raise UsageProblem(str(exc)) from None
 
 
 def _history():

@@ -8,11 +8,15 @@ IMMEDIATE so two writers queue on the busy timeout instead of failing on a lock 
 """
 from __future__ import annotations
 
+import asyncio
 import fcntl
+import json
 import os
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from pathlib import Path
 from typing import Iterator
 
@@ -60,6 +64,16 @@ def m001_incidents(db: sqlite_utils.Database) -> None:
     db["feedback"].create(
         {"id": int, "incident": int, "at": str, "kind": str, "user": str, "note": str, "entry": str},
         pk="id", foreign_keys=[("incident", "incidents", "id")], if_not_exists=True,
+    )
+
+
+@migrations()
+def m002_slack(db: sqlite_utils.Database) -> None:
+    """Slack events already handled (a retry must not get a second reply) and the reply of each incident."""
+    db["slack_events"].create({"event_id": str, "at": str}, pk="event_id", if_not_exists=True)
+    db["slack_messages"].create(
+        {"incident": int, "channel": str, "ts": str, "thread_ts": str, "text": str, "blocks": str},
+        pk="incident", foreign_keys=[("incident", "incidents", "id")], if_not_exists=True,
     )
 
 
@@ -207,10 +221,32 @@ class History:
         cutoff = (datetime.now(timezone.utc) - timedelta(days=older_than_days)).isoformat(timespec="seconds")
         with self.write() as db:
             ids = [r["id"] for r in db.query("select id from incidents where at < ?", [cutoff])]
-            for table in ("evidence", "incident_hosts", "feedback"):
+            db.execute("delete from slack_events where at < ?", [cutoff])
+            for table in ("evidence", "incident_hosts", "feedback", "slack_messages"):
                 db.execute(f"delete from {table} where incident in (select id from incidents where at < ?)", [cutoff])
             db.execute("delete from incidents where at < ?", [cutoff])
         return len(ids)
+
+    # -- Slack bookkeeping -----------------------------------------------------------------------
+
+    def claim_event(self, event_id: str) -> bool:
+        """True the first time an event id is seen, False for a retry or a second delivery."""
+        with self.write() as db:
+            cur = db.execute("insert or ignore into slack_events (event_id, at) values (?, ?)", [event_id, now()])
+            return cur.rowcount == 1
+
+    def save_message(self, incident_id: int, channel: str, ts: str, thread_ts: str | None, text: str,
+                     blocks: list[dict]) -> None:
+        """Remember the reply (and what it showed) so a status change can edit it."""
+        with self.write() as db:
+            db["slack_messages"].upsert({"incident": incident_id, "channel": channel, "ts": ts, "thread_ts": thread_ts,
+                                         "text": text, "blocks": json.dumps(blocks)}, pk="incident")
+
+    def message_for(self, incident_id: int) -> dict | None:
+        rows = list(self.db.query("select * from slack_messages where incident = ?", [incident_id]))
+        if not rows:
+            return None
+        return {**rows[0], "blocks": json.loads(rows[0]["blocks"] or "[]")}
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -300,3 +336,19 @@ def _where(row: dict) -> str:
 def drain_command(host: str, incidents: int, days: int) -> str:
     reason = f"trainmedic: {incidents} hardware incidents in {days}d"
     return f'scontrol update nodename={host} state=drain reason="{reason}"'
+
+
+class AsyncHistory:
+    """The history for asyncio code: every call runs on one thread (the one writer), off the loop."""
+
+    def __init__(self, path: Path | str | None = None) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="history")
+        self._history = self._executor.submit(History, path).result()
+
+    async def call(self, method: str, *args, **kwargs):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, partial(getattr(self._history, method), *args, **kwargs))
+
+    def close(self) -> None:
+        self._executor.submit(self._history.close).result()
+        self._executor.shutdown()

@@ -32,7 +32,7 @@ def _finding_json(f: Finding, d: Diagnosis) -> dict:
     }
 
 
-def to_json(d: Diagnosis, incident: dict | None = None) -> dict:
+def to_json(d: Diagnosis, incident: dict | None = None, notes: list[str] | None = None) -> dict:
     """The object of design.md's `trainmedic diagnose --format json` contract."""
     initiating = None
     if d.initiating:
@@ -50,14 +50,15 @@ def to_json(d: Diagnosis, incident: dict | None = None) -> dict:
         "cascade_only": d.cascade_only,
         "likely_errors": [{"line": m.line, "text": m.text} for m in d.likely_errors()],
         "warnings": d.warnings,
+        "notes": notes or [],
     }
 
 
-def dumps(d: Diagnosis, incident: dict | None = None) -> str:
-    return json.dumps(to_json(d, incident), indent=2, ensure_ascii=False)
+def dumps(d: Diagnosis, incident: dict | None = None, notes: list[str] | None = None) -> str:
+    return json.dumps(to_json(d, incident, notes), indent=2, ensure_ascii=False)
 
 
-def _where(d: Diagnosis) -> str | None:
+def where(d: Diagnosis) -> str | None:
     if not d.initiating or not d.root:
         return None
     parts = []
@@ -78,7 +79,7 @@ def _where(d: Diagnosis) -> str | None:
     return text + (f" (seen on {' and '.join(spread)})" if spread else "")
 
 
-def _progress(d: Diagnosis) -> str | None:
+def progress(d: Diagnosis) -> str | None:
     if not d.progress:
         return None
     bits = []
@@ -127,11 +128,13 @@ def history_lines(incident: dict | None) -> list[str]:
     return out
 
 
-def to_text(d: Diagnosis, markdown: bool = False, incident: dict | None = None) -> str:
+def to_text(d: Diagnosis, markdown: bool = False, incident: dict | None = None, notes: list[str] | None = None) -> str:
     """Terminal (or markdown) report: verdict first, then evidence, origin, collateral, fix, verify."""
     h = (lambda s: f"### {s}") if markdown else (lambda s: f"{s}:")
     code = (lambda s: f"`{s}`") if markdown else (lambda s: s)
     out = [("## " if markdown else "") + verdict(d)]
+    if notes:
+        out += ["", h("Job")] + [f"  {n}" for n in notes]
     if hist := history_lines(incident):
         out += ["", h("History")] + [f"  {line}" for line in hist]
     if incident:
@@ -145,9 +148,9 @@ def to_text(d: Diagnosis, markdown: bool = False, incident: dict | None = None) 
     f = d.root
     out += ["", f.entry.data["summary"].strip(), "", h("Evidence")]
     out += [f"  {code(_loc(hit, d))} {hit.text}" for hit in f.hits]
-    if where := _where(d):
-        out += ["", h("Started at") + " " + where]
-    if prog := _progress(d):
+    if started := where(d):
+        out += ["", h("Started at") + " " + started]
+    if prog := progress(d):
         out += [h("Progress") + " " + prog]
     collateral = [x for x in d.findings[1:] if x.role == "collateral"]
     if collateral:

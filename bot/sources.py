@@ -99,3 +99,29 @@ def open_path(path: str, warnings: list[str]) -> Iterator[BinaryIO]:
         raise InputError(f"{path}: cannot open it: {exc.strerror or exc}") from None
     with raw, open_log(raw, path, warnings) as stream:
         yield stream
+
+
+class Capped(io.RawIOBase):
+    """Ends a stream after `limit` bytes and says so: the cap on decompressed text (gzip bombs)."""
+
+    def __init__(self, stream: BinaryIO, limit: int, warnings: list[str], name: str) -> None:
+        self._stream = stream
+        self._left = limit
+        self._limit = limit
+        self._warnings = warnings
+        self._name = name
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        if self._left <= 0:
+            if self._stream.read(1):
+                self._warnings.append(
+                    f"{self._name}: the text passed the {self._limit / 2**20:g} MB cap (a gzip bomb?); "
+                    "scanned only what came before it")
+            return 0
+        with memoryview(b) as view:
+            n = self._stream.readinto(view[: self._left])
+        self._left -= n
+        return n

@@ -1,0 +1,131 @@
+"""Settings: the environment first, then an optional YAML file named by TRAINMEDIC_CONFIG.
+
+Every setting is listed in SETTINGS with its meaning; `trainmedic --help` and the README print
+this table, and a test checks that both name every setting.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import yaml
+
+SETTINGS: dict[str, str] = {
+    "SLACK_BOT_TOKEN": "bot token (xoxb-...) for the Slack Web API",
+    "SLACK_SIGNING_SECRET": "signing secret that Slack signs HTTP requests with (HTTP mode)",
+    "SLACK_APP_TOKEN": "app-level token (xapp-...) for Socket Mode",
+    "TRAINMEDIC_SLACK_API_URL": "Slack Web API base URL (default https://slack.com/api/; GovSlack, proxies, tests)",
+    "TRAINMEDIC_DB": "incident history SQLite file (default ~/.local/share/trainmedic/incidents.db)",
+    "TRAINMEDIC_KB_PATH": "extra knowledge entry folders, colon-separated, layered over the shipped ones",
+    "TRAINMEDIC_ENGINE": "multi-pattern engine: auto (default), hyperscan or re2",
+    "TRAINMEDIC_SLURM_LOG_ROOTS": "folders, colon-separated, that Slurm job logs may be read from",
+    "TRAINMEDIC_SLURM_COMMAND_PREFIX": "argv run before scontrol/sacct/realpath/tail, e.g. 'ssh login01' (arguments are shell-quoted)",
+    "TRAINMEDIC_SLURM_TIMEOUT": "seconds a Slurm command may take before its process group is killed (default 20)",
+    "TRAINMEDIC_SLURM_TAIL_MB": "how much of the end of each job log is read (default 64)",
+    "TRAINMEDIC_JOB_POLICY": "who may diagnose a job from Slack: 'channel' (any member of an allowed channel, default) or 'owner'",
+    "TRAINMEDIC_USER_MAP": "YAML file mapping Slack user ids to cluster user names (for TRAINMEDIC_JOB_POLICY=owner)",
+    "TRAINMEDIC_ALLOWED_CHANNELS": "channel ids, comma-separated, where /diagnose <jobid> works (default: any)",
+    "TRAINMEDIC_MAX_DOWNLOAD_MB": "largest Slack file download (default 1024); a bigger plain log is fetched as its first and last halves",
+    "TRAINMEDIC_MAX_LOG_MB": "largest log text read from one upload after decompression (default 4096)",
+    "TRAINMEDIC_RETENTION_DAYS": "incidents older than this are purged at start-up (default 365; 0 keeps all)",
+    "TRAINMEDIC_CONFIG": "optional YAML file with any of these settings (the environment wins)",
+}
+DEFAULT_SLACK_API_URL = "https://slack.com/api/"
+
+
+class ConfigError(Exception):
+    """A setting that cannot be used; the message names it."""
+
+
+def _int(values: Mapping[str, str], name: str, default: int) -> int:
+    raw = values.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected a whole number") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    slack_bot_token: str | None = None
+    slack_signing_secret: str | None = None
+    slack_app_token: str | None = None
+    slack_api_url: str = DEFAULT_SLACK_API_URL
+    db: str | None = None
+    slurm_log_roots: tuple[Path, ...] = ()
+    max_download_bytes: int = 1024 << 20
+    max_log_bytes: int = 4096 << 20
+    retention_days: int = 365
+    slurm_prefix: tuple[str, ...] = ()
+    slurm_timeout: float = 20.0
+    slurm_tail_bytes: int = 64 << 20
+    job_policy: str = "channel"
+    user_map: dict = field(default_factory=dict)
+    allowed_channels: frozenset = frozenset()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        env = dict(os.environ if env is None else env)
+        values: dict[str, str] = {}
+        if env.get("TRAINMEDIC_CONFIG"):
+            values.update(_read_file(Path(env["TRAINMEDIC_CONFIG"])))
+        values.update({k: v for k, v in env.items() if k in SETTINGS})
+        url = values.get("TRAINMEDIC_SLACK_API_URL") or DEFAULT_SLACK_API_URL
+        return cls(
+            slack_bot_token=values.get("SLACK_BOT_TOKEN") or None,
+            slack_signing_secret=values.get("SLACK_SIGNING_SECRET") or None,
+            slack_app_token=values.get("SLACK_APP_TOKEN") or None,
+            slack_api_url=url if url.endswith("/") else url + "/",
+            db=values.get("TRAINMEDIC_DB") or None,
+            slurm_log_roots=tuple(Path(p) for p in values.get("TRAINMEDIC_SLURM_LOG_ROOTS", "").split(":") if p),
+            max_download_bytes=_int(values, "TRAINMEDIC_MAX_DOWNLOAD_MB", 1024) << 20,
+            max_log_bytes=_int(values, "TRAINMEDIC_MAX_LOG_MB", 4096) << 20,
+            retention_days=_int(values, "TRAINMEDIC_RETENTION_DAYS", 365),
+            slurm_prefix=tuple(shlex.split(values.get("TRAINMEDIC_SLURM_COMMAND_PREFIX", ""))),
+            slurm_timeout=float(_int(values, "TRAINMEDIC_SLURM_TIMEOUT", 20)),
+            slurm_tail_bytes=_int(values, "TRAINMEDIC_SLURM_TAIL_MB", 64) << 20,
+            job_policy=_policy(values.get("TRAINMEDIC_JOB_POLICY") or "channel"),
+            user_map=_user_map(values.get("TRAINMEDIC_USER_MAP")),
+            allowed_channels=frozenset(c.strip() for c in values.get("TRAINMEDIC_ALLOWED_CHANNELS", "").split(",") if c.strip()),
+        )
+
+
+def _policy(value: str) -> str:
+    if value not in ("channel", "owner"):
+        raise ConfigError(f"TRAINMEDIC_JOB_POLICY={value!r}: use 'channel' or 'owner'")
+    return value
+
+
+def _user_map(path: str | None) -> dict:
+    if not path:
+        return {}
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"TRAINMEDIC_USER_MAP={path}: cannot read it: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"TRAINMEDIC_USER_MAP={path}: expected a mapping of Slack user ids to cluster user names")
+    return {str(k): str(v) for k, v in data.items()}
+
+
+def _read_file(path: Path) -> dict[str, str]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"TRAINMEDIC_CONFIG={path}: cannot read it: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"TRAINMEDIC_CONFIG={path}: expected a mapping of setting names to values")
+    unknown = sorted(set(data) - set(SETTINGS))
+    if unknown:
+        raise ConfigError(f"TRAINMEDIC_CONFIG={path}: unknown settings {unknown}; `trainmedic --help` lists them")
+    return {k: str(v) for k, v in data.items()}
+
+
+def settings_help() -> str:
+    width = max(map(len, SETTINGS))
+    return "\n".join(f"  {name.ljust(width)}  {meaning}" for name, meaning in SETTINGS.items())

@@ -1,0 +1,97 @@
+"""`/diagnose`: a Slurm job id, help, an entry, a search, the history, or a pasted log."""
+from __future__ import annotations
+
+from slack_bolt.async_app import AsyncApp
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot import blocks
+from bot.replies import Deps, post_diagnosis, report_error
+from bot.slurm import JobError, parse_jobid
+
+USAGE = """*Usage*
+• `/diagnose <jobid>` - diagnose a Slurm job from its logs and accounting (`123`, `123_4`, `123+1`, `123.batch`)
+• `/diagnose <pasted log>` - diagnose the text you paste after the command
+• `/diagnose entry <id>` - show a knowledge entry
+• `/diagnose search <words>` - find knowledge entries
+• `/diagnose history [entry|host|days]` - recent incidents
+• `/diagnose help` - this message"""
+
+
+def search_entries(deps: Deps, words: str) -> list:
+    terms = words.lower().split()
+    scored = []
+    for e in deps.kb.entries.values():
+        hay = " ".join([e.id, e.title, " ".join(e.data["tags"]), e.data["summary"]]).lower()
+        score = sum(hay.count(t) for t in terms) if all(t in hay for t in terms) else 0
+        if score:
+            scored.append((score, e))
+    return [e for _, e in sorted(scored, key=lambda p: (-p[0], p[1].id))]
+
+
+async def history_text(deps: Deps, arg: str) -> str:
+    """`history`, `history 30` (days), `history cuda-oom` (entry) or `history node12` (host)."""
+    days, entry, host = 7, None, None
+    if arg.isdigit():
+        days = int(arg)
+    elif arg in deps.kb.entries or arg == "unknown":
+        entry, days = arg, None
+    elif arg:
+        host, days = arg, None
+    rows = await deps.history.call("list", days=days, entry=entry, host=host, limit=20)
+    title = f"Incidents {'in the last %d days' % days if days else 'for ' + (entry or host)}"
+    if not rows:
+        return f"*{title}*: none."
+    lines = [f"• #{r['id']} {r['at'][:16].replace('T', ' ')} *{r.get('entry') or 'unknown'}* {r['status']}"
+             + (f" · {r['host']}" if r.get("host") else "") + (f" · job {r['job']}" if r.get("job") else "")
+             for r in rows]
+    return f"*{title}*\n" + "\n".join(lines)
+
+
+def register(app: AsyncApp, deps: Deps) -> None:
+    async def ack_command(ack, command: dict) -> None:
+        text = (command.get("text") or "").strip()
+        if parse_jobid(text) is not None:
+            await ack(f"Diagnosing job {text}…")
+        elif "\n" in text or len(text) > 200:
+            await ack("Diagnosing the pasted log…")
+        else:
+            await ack()
+
+    async def run_command(respond, command: dict, client: AsyncWebClient) -> None:
+        text = (command.get("text") or "").strip()
+        word, _, rest = text.partition(" ")
+        channel, user = command["channel_id"], command["user_id"]
+        try:
+            if parse_jobid(text) is not None:
+                await _job(client, deps, text, channel, user, respond)
+            elif "\n" in text or len(text) > 200:
+                d = await deps.scans.text(text, name="<slash command>")
+                await post_diagnosis(client, deps, d, channel, None, source="slack-command")
+            elif word == "entry" and rest.strip() in deps.kb.entries:
+                await respond(blocks=blocks.entry_blocks(deps.kb.entries[rest.strip()]), text=rest.strip())
+            elif word == "entry":
+                await respond(f"No entry `{blocks.escape(rest.strip())}`. Try `/diagnose search <words>`.")
+            elif word == "search" and rest.strip():
+                found = search_entries(deps, rest)
+                lines = [f"• `{e.id}` {e.title}" for e in found[:15]] or ["No entry matches."]
+                await respond("*Entries*\n" + "\n".join(lines))
+            elif word == "history":
+                await respond(await history_text(deps, rest.strip()))
+            else:
+                await respond(USAGE if word in ("", "help") else f"I don't understand `{blocks.escape(text[:100])}`.\n{USAGE}")
+        except Exception:  # noqa: BLE001
+            await report_error(client, channel, None, f"running /diagnose {text[:40]}", user=user)
+
+    app.command("/diagnose")(ack=ack_command, lazy=[run_command])
+
+
+async def _job(client: AsyncWebClient, deps: Deps, text: str, channel: str, user: str, respond) -> None:
+    from bot.slurm import diagnose_job
+
+    try:
+        job = await diagnose_job(deps, text, slack_user=user, channel=channel)
+    except JobError as exc:
+        await respond(f":warning: {blocks.escape(str(exc))}")
+        return
+    await post_diagnosis(client, deps, job.diagnosis, channel, None, source="slack-job", job=job.jobid,
+                         notes=job.notes)

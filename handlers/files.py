@@ -1,0 +1,70 @@
+"""Uploaded log files (`file_share`): several files in one message are one job and get one reply."""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from slack_bolt.async_app import AsyncApp
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.replies import Deps, post_diagnosis, report_error
+from bot.slackfiles import FetchError, fetch, is_log_file
+from bot.sources import InputError
+
+
+def register(app: AsyncApp, deps: Deps) -> None:
+    @app.event({"type": "message", "subtype": "file_share"})
+    async def on_file_share(event: dict, client: AsyncWebClient) -> None:
+        if event.get("bot_id"):
+            return
+        thread = event.get("thread_ts") or event["ts"]
+        files = [f for f in event.get("files") or [] if is_log_file(f)]
+        if not files:
+            return  # a picture or a PDF in a channel: not ours to comment on
+        try:
+            await diagnose_shared_files(client, deps, files, event["channel"], thread)
+        except Exception:  # noqa: BLE001
+            await report_error(client, event["channel"], thread, "diagnosing the uploaded file")
+
+
+async def _complete(client: AsyncWebClient, meta: dict) -> dict:
+    """file_share events may carry a partial file object; files.info has the rest."""
+    if meta.get("url_private_download") and meta.get("name"):
+        return meta
+    return (await client.files_info(file=meta["id"]))["file"]
+
+
+async def diagnose_shared_files(client: AsyncWebClient, deps: Deps, files: list[dict], channel: str, thread: str,
+                                extra_text: str | None = None) -> None:
+    """Download every log file, diagnose them as one job, reply once in the thread."""
+    settings = deps.settings
+    with tempfile.TemporaryDirectory(prefix="trainmedic-") as tmp:
+        parts, notes, problems = [], [], []
+        for meta in files:
+            meta = await _complete(client, meta)
+            if not is_log_file(meta):
+                notes.append(f"{meta.get('name')}: skipped, not a log file (.log .out .err .txt .gz)")
+                continue
+            try:
+                fetched = await fetch(deps.session(), meta, settings.slack_bot_token or "", Path(tmp),
+                                      settings.max_download_bytes)
+            except FetchError as exc:
+                problems.append(str(exc))
+                continue
+            parts += fetched.parts
+            notes += fetched.notes
+        if extra_text and extra_text.strip():
+            pasted = Path(tmp) / "thread.txt"
+            pasted.write_text(extra_text)
+            parts.append((str(pasted), "<thread>"))
+        if not parts:
+            await client.chat_postMessage(channel=channel, thread_ts=thread,
+                                          text=":warning: " + " ".join(problems or notes or ["Nothing to diagnose."]))
+            return
+        try:
+            d = await deps.scans.files(parts, max_bytes=settings.max_log_bytes)
+        except InputError as exc:
+            await client.chat_postMessage(channel=channel, thread_ts=thread,
+                                          text=f":warning: {exc}. Upload the text log (.log, .out, .err, .txt or .gz).")
+            return
+        await post_diagnosis(client, deps, d, channel, thread, source="slack-file", notes=problems + notes + d.warnings)

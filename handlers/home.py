@@ -1,0 +1,62 @@
+"""App Home: open incidents, the last 7 days by failure, flaky hosts, unknown failures to learn from."""
+from __future__ import annotations
+
+from slack_bolt.async_app import AsyncApp
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot import blocks
+from bot.replies import Deps, report_error
+
+LISTED = 8
+
+
+def _link(row: dict) -> str:
+    label = f"#{row['id']} {row.get('entry') or 'unknown'}"
+    if row.get("channel") and row.get("thread_ts"):
+        return f"<https://slack.com/archives/{row['channel']}/p{row['thread_ts'].replace('.', '')}|{label}>"
+    return label
+
+
+def _lines(rows: list[dict], empty: str) -> str:
+    if not rows:
+        return empty
+    return "\n".join(f"• {_link(r)} · {r['at'][:16].replace('T', ' ')}" + (f" · {r['host']}" if r.get("host") else "")
+                     for r in rows[:LISTED])
+
+
+async def home_view(deps: Deps) -> dict:
+    open_rows = await deps.history.call("list", status="open", limit=LISTED)
+    stats = await deps.history.call("stats", 7)
+    unknown = await deps.history.call("list", entry="unknown", status="open", limit=LISTED)
+    most = max((r["incidents"] for r in stats["by_entry"]), default=0)
+    by_failure = "\n".join(f"`{blocks.bar(r['incidents'], most)}` {r['incidents']:>3}  {r['entry']}"
+                           for r in stats["by_entry"][:15]) or "No incidents this week."
+    flaky = "\n".join(f"• *{h['host']}*: {h['incidents']} hardware incidents ({', '.join(h['entries'])})\n   `{h['drain']}`"
+                      for h in stats["flaky_hosts"][:LISTED]) or "None."
+    body = [
+        {"type": "header", "text": {"type": "plain_text", "text": "trainmedic"}},
+        blocks.context_block(f"{stats['incidents']} incidents in the last 7 days"),
+        {"type": "section", "text": {"type": "mrkdwn", "text": "*Open incidents*\n" + _lines(open_rows, "None open.")}},
+        {"type": "divider"},
+        {"type": "section", "text": {"type": "mrkdwn", "text": "*Last 7 days by failure*\n" + by_failure}},
+        {"type": "divider"},
+        {"type": "section", "text": {"type": "mrkdwn", "text": "*Flaky hosts*\n" + flaky}},
+        {"type": "divider"},
+        {"type": "section", "text": {"type": "mrkdwn",
+                                     "text": "*Unknown failures waiting for a knowledge entry*\n" + _lines(unknown, "None.")}},
+    ]
+    for block in body:  # every section within Slack's limit
+        if block["type"] == "section":
+            block["text"]["text"] = block["text"]["text"][: blocks.SECTION_MAX]
+    return {"type": "home", "blocks": body[: blocks.HOME_BLOCKS_MAX]}
+
+
+def register(app: AsyncApp, deps: Deps) -> None:
+    @app.event("app_home_opened")
+    async def on_home(event: dict, client: AsyncWebClient) -> None:
+        if event.get("tab", "home") != "home":
+            return
+        try:
+            await client.views_publish(user_id=event["user"], view=await home_view(deps))
+        except Exception:  # noqa: BLE001
+            await report_error(client, None, None, "publishing the App Home")
