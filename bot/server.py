@@ -60,12 +60,11 @@ async def run(settings: Settings, port: int, socket_mode: bool, host: str = "0.0
     if not settings.slack_bot_token:
         raise ConfigError("SLACK_BOT_TOKEN is not set")
     bolt, deps = await build(settings)
-    socket = None
+    socket = connecting = None
     if socket_mode:
         from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 
         socket = AsyncSocketModeHandler(bolt, settings.slack_app_token)
-        await socket.connect_async()
         web_app = web.Application()
         web_app.router.add_get("/healthz", _healthz(socket.client.is_connected))
     else:
@@ -78,8 +77,11 @@ async def run(settings: Settings, port: int, socket_mode: bool, host: str = "0.0
     runner = web.AppRunner(web_app)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
-    log.info("trainmedic serving on %s:%d (%s)", host, port, "Socket Mode" if socket_mode else "HTTP")
-    print(f"trainmedic serving on {host}:{port} ({'Socket Mode' if socket_mode else 'HTTP'})", flush=True)
+    if socket is not None:  # /healthz answers 503 until the socket is up (the client retries on its own)
+        connecting = asyncio.create_task(socket.connect_async())
+    mode = "Socket Mode" if socket_mode else "HTTP"
+    log.info("trainmedic serving on %s:%d (%s)", host, port, mode)
+    print(f"trainmedic serving on {host}:{port} ({mode})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -88,6 +90,7 @@ async def run(settings: Settings, port: int, socket_mode: bool, host: str = "0.0
         await stop.wait()
     finally:
         if socket is not None:
+            connecting.cancel()
             await socket.close_async()
         await runner.cleanup()
         await _close(deps)
