@@ -1,18 +1,25 @@
 """Multi-pattern, linear-time matching of every pattern at once over a chunk of bytes.
 
 Two engines with one interface. Hyperscan (x86_64 wheel) scans a chunk for all patterns in one
-pass and reports each match's end offset. Where it is missing, an RE2 set finds which patterns
-occur in the chunk and RE2 finds their positions; both are linear-time. Either way the caller
-confirms each hit line with RE2 to extract named groups, so the engines only need end offsets.
+pass and reports each match's end offset; it looks for each pattern's required literals where it
+has long ones (bot/literals.py), which is many times faster. Where it is missing, an RE2 set finds
+which patterns occur in the chunk and RE2 finds their positions; both are linear-time. Either way
+the caller confirms each reported line with RE2 (and extracts named groups), so an engine may
+report a line that the full pattern does not match, never miss one that it does.
 Set TRAINMEDIC_ENGINE=re2 to force the fallback (CI does, to keep it tested).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
 from typing import Protocol
 
 import re2
+
+from bot import literals
 
 try:  # the wheel only exists for some platforms: see pyproject.toml
     import hyperscan
@@ -71,11 +78,70 @@ def _hyperscan_db(patterns: list[Pattern]) -> "hyperscan.Database":
     return db
 
 
+def _cached_hyperscan_db(patterns: list[Pattern]) -> "hyperscan.Database":
+    """Compiling ~500 patterns takes about a second; a serialized database loads in milliseconds.
+
+    Keyed by the patterns, their flags and the hyperscan version, under XDG_CACHE_HOME; any problem
+    with the cache only means compiling again.
+    """
+    key = hashlib.sha256(repr((version("hyperscan"), [(p.regex, p.ignorecase) for p in patterns])).encode())
+    path = cache_dir() / f"hyperscan-{key.hexdigest()[:24]}.db"
+    try:
+        db = hyperscan.loadb(path.read_bytes(), hyperscan.HS_MODE_BLOCK)
+        db.scratch = hyperscan.Scratch(db)  # a deserialized database comes without one
+        return db
+    except (OSError, hyperscan.error):
+        pass
+    common = _CommonText()
+    db = _hyperscan_db([_prefilter(p, common) for p in patterns])
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(hyperscan.dumpb(db))
+        tmp.replace(path)
+    except OSError:
+        pass
+    return db
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainmedic"
+
+
+class _CommonText:
+    """Healthy log text (the benign corpus): a literal frequent there would make a poor prefilter."""
+
+    MAX_SHARE = 0.001  # of the corpus' lines
+
+    def __init__(self) -> None:
+        import knowledge
+
+        files = sorted(knowledge.BENIGN.glob("*.log"))
+        self.text = "\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
+        self.lower = self.text.lower()
+        self.limit = max(1, int(self.text.count("\n") * self.MAX_SHARE))
+
+    def too_common(self, literal: str, caseless: bool) -> bool:
+        haystack, needle = (self.lower, literal.lower()) if caseless else (self.text, literal)
+        return haystack.count(needle) > self.limit
+
+
+def _prefilter(pattern: Pattern, common: _CommonText) -> Pattern:
+    """What Hyperscan looks for: a required literal alternation when the pattern has one that is
+    rare in healthy logs (else every progress line would be reported and confirmed)."""
+    found = literals.required_literals(pattern.regex)
+    if not found or any(common.too_common(lit, pattern.ignorecase) for lit in found):
+        return pattern
+    return Pattern("|".join(map(literals.escape, found)), pattern.ignorecase)
+
+
 class HyperscanEngine:
+    """Reports every line that holds a required literal of a pattern (or the pattern itself)."""
+
     name = "hyperscan"
 
     def __init__(self, patterns: list[Pattern]) -> None:
-        self._db = _hyperscan_db(patterns)
+        self._db = _cached_hyperscan_db(patterns)
 
     def scan(self, chunk: memoryview) -> list[tuple[int, int]]:
         hits: list[tuple[int, int]] = []

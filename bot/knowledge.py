@@ -133,8 +133,7 @@ class _ValidatedCache:
     """
 
     def __init__(self) -> None:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        self.path = base / "trainmedic" / "validated-entries.json"
+        self.path = engine.cache_dir() / "validated-entries.json"
         salt = f"{__version__}|{engine.hyperscan is not None}|".encode() + shipped.SCHEMA.read_bytes()
         self._salt = hashlib.sha256(salt).digest()
         try:

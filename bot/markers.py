@@ -35,7 +35,9 @@ ITERATION_MARKERS: tuple[Marker, ...] = (
     Marker(ITERATION, Pattern(r"\b(global[_ ]step|step|steps|iter|iteration)['\"]?\s*[=:]\s*\d", True), _KEYED),
 )
 LINE_MARKERS: tuple[Marker, ...] = (
-    Marker(CHECKPOINT, Pattern(r"(sav(ed|ing)|wrote|writing)\b[^\n]{0,80}(checkpoint|model to)", True), _PATH),
+    # "Saving model checkpoint to", "saving checkpoint at iteration", "saving model to '...ckpt'";
+    # not "Configuration saved in .../checkpoint-1200/config.json".
+    Marker(CHECKPOINT, Pattern(r"\b(sav(ed|ing)|wrote|writing)( the| a)?( model| final)? (checkpoint|ckpt)\b|\bsaving model to\b", True), _PATH),
     Marker(TRACEBACK, Pattern(r"Traceback \(most recent call last\)")),
     Marker(EXCEPTION, Pattern(r"\b[A-Z]\w*(Error|Exception)(:|$)")),
     Marker(ERROR, Pattern(r"\b(error|fatal)\b", True)),

@@ -116,7 +116,7 @@ class Scanner:
         patterns = [fp.pattern for fp in self.fingerprints] + [m.scan for m in markers.LINE_MARKERS]
         self.engine = engine.build(patterns, engine_name)
         self.iteration_engine = engine.build([m.scan for m in markers.ITERATION_MARKERS], engine_name)
-        self._confirm = [engine.re2_compile(fp.pattern, text=True) for fp in self.fingerprints]
+        self._confirm = [engine.re2_compile(p, text=True) for p in patterns]
         self.chunk_bytes = chunk_bytes
 
     def scan(self, stream: BinaryIO, name: str, result: ScanResult) -> ScanResult:
@@ -192,12 +192,12 @@ class Scanner:
         return lines + buf.count(b"\n", 0, cut)
 
     def _on_line(self, pid: int, text: str, file_no: int, line_no: int, result: ScanResult) -> None:
+        match = self._confirm[pid].search(text)
+        if match is None:
+            return  # the engine found only a required literal, or its match ran across a line end
         if pid >= len(self.fingerprints):
             self._on_marker(markers.LINE_MARKERS[pid - len(self.fingerprints)], text, file_no, line_no, result)
             return
-        match = self._confirm[pid].search(text)
-        if match is None:
-            return  # the engine's match ran across a line end
         fp = self.fingerprints[pid]
         ctx = line_context(text)
         groups = {k: redact(v) for k, v in match.groupdict().items() if v is not None}
