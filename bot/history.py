@@ -43,7 +43,7 @@ def m001_incidents(db: sqlite_utils.Database) -> None:
     db["incidents"].create(
         {
             "id": int, "at": str, "entry": str, "title": str, "signature": str, "signature_text": str,
-            "source": str, "job": str, "channel": str, "thread_ts": str, "permalink": str,
+            "source": str, "job": str, "channel": str, "thread_ts": str,
             "status": str, "note": str, "resolved_at": str, "resolved_by": str, "corrected_entry": str,
             "score": float, "rank": int, "host": str, "lines": int, "bytes": int,
         },
@@ -132,14 +132,14 @@ class History:
     # -- recording ---------------------------------------------------------------------------
 
     def record(self, d: Diagnosis, source: str, job: str | None = None, channel: str | None = None,
-               thread_ts: str | None = None, permalink: str | None = None, at: str | None = None) -> dict:
+               thread_ts: str | None = None, at: str | None = None) -> dict:
         """Store `d` as a new incident and return the `incident` object of the JSON contract."""
         sig, sig_text = signature(d)
         root = d.root
         row = {
             "at": at or now(), "entry": root.entry.id if root else None, "title": root.entry.title if root else None,
             "signature": sig, "signature_text": sig_text, "source": source, "job": job, "channel": channel,
-            "thread_ts": thread_ts, "permalink": permalink, "status": "open",
+            "thread_ts": thread_ts, "status": "open",
             "score": root.score if root else None, "rank": (d.initiating or {}).get("rank"),
             "host": (d.initiating or {}).get("host"), "lines": d.scan.lines, "bytes": d.scan.bytes,
         }
@@ -237,8 +237,10 @@ class History:
 
     def save_message(self, incident_id: int, channel: str, ts: str, thread_ts: str | None, text: str,
                      blocks: list[dict]) -> None:
-        """Remember the reply (and what it showed) so a status change can edit it."""
+        """Remember the reply (and what it showed) so a status change can edit it; a reply posted in
+        the channel (not in a thread) is the thread later links point to."""
         with self.write() as db:
+            db["incidents"].update(incident_id, {"channel": channel, "thread_ts": thread_ts or ts})
             db["slack_messages"].upsert({"incident": incident_id, "channel": channel, "ts": ts, "thread_ts": thread_ts,
                                          "text": text, "blocks": json.dumps(blocks)}, pk="incident")
 
@@ -321,8 +323,9 @@ class History:
 
 
 def _where(row: dict) -> str:
-    if row.get("permalink"):
-        return row["permalink"]
+    """Where an incident was reported: its Slack thread, else its job and host."""
+    if row.get("channel") and row.get("thread_ts"):
+        return thread_link(row["channel"], row["thread_ts"])
     parts = []
     if row.get("job"):
         parts.append(f"job {row['job']}")
@@ -331,6 +334,11 @@ def _where(row: dict) -> str:
     if row.get("channel"):
         parts.append(f"in <#{row['channel']}>")
     return " ".join(parts) or row.get("source") or "cli"
+
+
+def thread_link(channel: str, ts: str) -> str:
+    """A link Slack clients open at the thread (the workspace is taken from the signed-in client)."""
+    return f"https://slack.com/archives/{channel}/p{ts.replace('.', '')}"
 
 
 def drain_command(host: str, incidents: int, days: int) -> str:

@@ -30,6 +30,7 @@ class Fingerprint:
     strength: float
     meaning: str
     ignorecase: bool = False
+    detector: str | None = None  # a bot/trends.py kind instead of a regex
 
     @property
     def pattern(self) -> engine.Pattern:
@@ -42,6 +43,7 @@ class Entry:
     data: dict[str, Any]
     source: Path
     fingerprints: tuple[Fingerprint, ...] = field(default=())
+    detectors: tuple[Fingerprint, ...] = field(default=())
 
     @property
     def title(self) -> str:
@@ -63,6 +65,9 @@ class KnowledgeBase:
     @property
     def fingerprints(self) -> list[Fingerprint]:
         return [fp for e in self.entries.values() for fp in e.fingerprints]
+
+    def detectors(self, kind: str) -> list[Fingerprint]:
+        return [d for e in self.entries.values() for d in e.detectors if d.detector == kind]
 
     def get(self, entry_id: str) -> Entry:
         try:
@@ -122,7 +127,12 @@ def parse_entry(path: Path, text: str | None = None) -> Entry:
 
 def _entry(path: Path, data: dict) -> Entry:
     fingerprints = tuple(Fingerprint(entry=data["id"], **fp) for fp in data["fingerprints"])
-    return Entry(id=data["id"], data=data, source=path, fingerprints=fingerprints)
+    detectors = tuple(
+        Fingerprint(entry=data["id"], id=d["id"], regex="", role=d["role"], strength=d["strength"],
+                    meaning=d["meaning"], detector=d["kind"])
+        for d in data.get("detectors", [])
+    )
+    return Entry(id=data["id"], data=data, source=path, fingerprints=fingerprints, detectors=detectors)
 
 
 class _ValidatedCache:

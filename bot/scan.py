@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from bot import engine, markers
+from bot import engine, markers, trends
 from bot.context import line_context
 from bot.knowledge import Fingerprint, KnowledgeBase
 from bot.redact import redact
@@ -22,6 +22,7 @@ EVIDENCE_CHARS = 400
 KEEP_HITS = 5  # first and last hits kept per fingerprint
 KEEP_SPREAD = 4096  # distinct ranks/hosts remembered per fingerprint
 ITERATION_TAIL = 256 << 10  # bytes at the end of a chunk searched for its last iteration line
+TAIL_BYTES = 256 << 10  # bytes at the end of a file read for progress trends
 _CR_TO_LF = bytes.maketrans(b"\r", b"\n")
 
 
@@ -113,6 +114,7 @@ class Scanner:
 
     def __init__(self, kb: KnowledgeBase, chunk_bytes: int = CHUNK_BYTES, engine_name: str | None = None) -> None:
         self.fingerprints = kb.fingerprints
+        self.detectors = {kind: kb.detectors(kind) for kind in trends.KINDS}
         patterns = [fp.pattern for fp in self.fingerprints] + [m.scan for m in markers.LINE_MARKERS]
         self.engine = engine.build(patterns, engine_name)
         self.iteration_engine = engine.build([m.scan for m in markers.ITERATION_MARKERS], engine_name)
@@ -126,6 +128,7 @@ class Scanner:
         buf = bytearray(self.chunk_bytes)
         view = memoryview(buf)
         carry = lines = 0
+        tail = b""  # the last TAIL_BYTES scanned, for the progress trends
         while True:
             n = stream.readinto(view[carry:])
             if not n:
@@ -138,13 +141,36 @@ class Scanner:
                 continue
             cut = cut or filled  # a line longer than the buffer is split
             lines = self._scan_chunk(buf, cut, file_no, lines, result)
+            tail = (tail + bytes(view[max(0, cut - TAIL_BYTES):cut]))[-TAIL_BYTES:]
             buf[: filled - cut] = bytes(view[cut:filled])
             carry = filled - cut
         if carry:
             lines = self._scan_chunk(buf, carry, file_no, lines, result) + 1
+            tail = (tail + bytes(view[:carry]))[-TAIL_BYTES:]
         view.release()
         result.lines += lines
+        self._trends(tail, lines, file_no, result)
         return result
+
+    def _trends(self, tail: bytes, lines: int, file_no: int, result: ScanResult) -> None:
+        """Loss spikes and stalls judged from the last lines of the file (bot/trends.py)."""
+        if not any(self.detectors.values()):
+            return
+        text = tail.decode("utf-8", "replace").split("\n")
+        if text and text[-1] == "":
+            text.pop()  # the file ended with a newline
+        if len(tail) == TAIL_BYTES:
+            text = text[1:]  # the first line was cut
+        first = lines - len(text) + 1
+        for trend in trends.analyse([t.rstrip("\r") for t in text]):
+            line = text[trend.line].rstrip()
+            ctx = line_context(line)
+            for fp in self.detectors[trend.kind]:
+                hit = Hit(fingerprint=fp, file=file_no, line=first + trend.line,
+                          text=redact(f"{_clip(line, 0, 0)}  <- {trend.meaning}"), rank=ctx.rank, host=ctx.host,
+                          time=ctx.time, time_key=ctx.time_key, groups={"trend": trend.meaning},
+                          iteration=trend.iteration, checkpoint=result.checkpoint)
+                result.hits.setdefault(fp, FingerprintHits()).add(hit)
 
     def _iterations(self, chunk: memoryview, data, cut: int, whole: bool) -> list[int]:
         """End offsets of iteration lines: only the tail matters unless a failure needs the ones before it."""

@@ -5,6 +5,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import blocks
+from bot.history import thread_link
 from bot.replies import Deps, report_error
 
 LISTED = 8
@@ -13,7 +14,7 @@ LISTED = 8
 def _link(row: dict) -> str:
     label = f"#{row['id']} {row.get('entry') or 'unknown'}"
     if row.get("channel") and row.get("thread_ts"):
-        return f"<https://slack.com/archives/{row['channel']}/p{row['thread_ts'].replace('.', '')}|{label}>"
+        return f"<{thread_link(row['channel'], row['thread_ts'])}|{label}>"
     return label
 
 

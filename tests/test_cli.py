@@ -203,3 +203,19 @@ def test_incidents_commands_in_every_format(tmp_path, fmt):
     assert stats["by_entry"][0] == {**stats["by_entry"][0], "entry": "slurm-cgroup-oom", "incidents": 2}
     missing = run_cli("incidents", "show", "999")
     assert missing.returncode == 2 and b"no incident 999" in missing.stderr
+
+
+def test_export_feedback_writes_kb_examples(tmp_path):
+    import yaml
+
+    from bot.history import History
+
+    log = str(write(tmp_path / "job.log", OOM_LOG))
+    incident = _json([log])["incident"]
+    history = History()
+    history.mark_wrong(incident["id"], "host-oom-kill", user="U1", note="it was the node")
+    history.close()
+    out = run_cli("incidents", "export", "--feedback")
+    [example] = yaml.safe_load(out.stdout)
+    assert example["entry"] == "host-oom-kill" and "oom-kill event" in example["log"]
+    assert "diagnosed slurm-cgroup-oom" in example["name"]

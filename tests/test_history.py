@@ -172,3 +172,28 @@ def test_kill_9_during_writes_leaves_an_intact_database(tmp_path, tiny_folder):
     with reopened.write() as db:
         db["feedback"].insert({"incident": 1, "at": "now", "kind": "resolved", "note": "after the crash"})
     assert reopened.db.execute("select count(*) from feedback").fetchone()[0] == 1
+
+
+def test_an_older_schema_is_migrated_and_keeps_its_data(tmp_path, tiny):
+    import sqlite_utils
+
+    path = tmp_path / "old.db"
+    db = sqlite_utils.Database(path)
+    migrations.apply(db, stop_before="m002_slack")  # the schema as the first release left it
+    assert "slack_events" not in db.table_names()
+    db["incidents"].insert({"at": "2026-11-01T00:00:00+00:00", "entry": "cuda-oom", "signature": "cuda-oom:x",
+                            "status": "open", "source": "cli"})
+    db.close()
+    h = History(path)
+    assert {"slack_events", "slack_messages"} <= set(h.db.table_names())
+    assert h.get_row(1)["entry"] == "cuda-oom"
+    assert h.claim_event("Ev1") is True and h.claim_event("Ev1") is False
+
+
+def test_repeats_link_to_the_earlier_slack_thread(tmp_path, tiny):
+    h = History(tmp_path / "h.db")
+    first = h.record(oom(tiny), source="slack-paste", channel="C1", thread_ts="1700000000.000100")
+    again = h.record(oom(tiny), source="cli")
+    assert again["previous"][0]["where"] == "https://slack.com/archives/C1/p1700000000000100"
+    h.save_message(first["id"], "C2", "1700000000.000200", None, "text", [])
+    assert h.get_row(first["id"])["thread_ts"] == "1700000000.000200"

@@ -327,3 +327,33 @@ def test_text_pasted_after_the_command_is_diagnosed(tmp_path, kb, scans):
             assert "cuda-oom" in _text_of(reply)
 
     run(scenario())
+
+
+def test_a_listener_error_becomes_a_message_with_an_error_id(tmp_path, kb, scans, caplog):
+    async def scenario():
+        async with running_bot(tmp_path, kb, scans) as bot:
+            bot.fake.fail["conversations.replies"] = [500, 500, 500]  # retried twice, then it fails
+            await bot.event({"type": "app_mention", "channel": CHANNEL, "user": "U2", "text": "<@UBOT> help",
+                             "ts": "1700000000.000003"})
+            [reply] = await bot.fake.wait_for("chat.postMessage")
+            error_id = reply.params["text"].split("error id `")[1].split("`")[0]
+            assert len(error_id) == 8
+            return error_id
+
+    error_id = run(scenario())
+    assert any(error_id in r.getMessage() for r in caplog.records)
+
+
+def test_slash_command_history(tmp_path, kb, scans):
+    async def scenario():
+        async with running_bot(tmp_path, kb, scans) as bot:
+            await bot.event(message(OOM_PASTE))
+            await bot.fake.wait_for("chat.postMessage")
+            await bot.command("history")
+            await bot.command("history cuda-oom")
+            await bot.command("history gpu-node-99")
+            responses = [str(r.params) for r in await bot.fake.wait_for("response_url", 3)]
+            assert sum("cuda-oom" in r for r in responses) == 2
+            assert any("gpu-node-99" in r and "none" in r for r in responses)
+
+    run(scenario())
