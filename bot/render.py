@@ -137,14 +137,11 @@ def to_text(d: Diagnosis, markdown: bool = False, incident: dict | None = None, 
         out += ["", h("Job")] + [f"  {n}" for n in notes]
     if hist := history_lines(incident):
         out += ["", h("History")] + [f"  {line}" for line in hist]
-    if incident:
-        out += [f"Incident #{incident['id']} (signature {incident['signature']})"]
     if d.root is None:
         errors = d.likely_errors()
         if errors:
             out += ["", h("Most likely error lines")] + [f"  {m.line}: {m.text}" for m in errors]
-        out += ["", f"Scanned {d.scan.lines} lines ({d.scan.bytes} bytes)."]
-        return "\n".join(out + _warnings(d)) + "\n"
+        return "\n".join(out + _footer(d, incident)) + "\n"
     f = d.root
     out += ["", f.entry.data["summary"].strip(), "", h("Evidence")]
     out += [f"  {code(_loc(hit, d))} {hit.text}" for hit in f.hits]
@@ -163,8 +160,7 @@ def to_text(d: Diagnosis, markdown: bool = False, incident: dict | None = None, 
     out += ["", h("Verify") + " " + code(d.fill(f.entry.data["verify"], f))]
     if f.entry.related:
         out += ["", h("Related entries") + " " + ", ".join(f.entry.related)]
-    out += ["", f"Scanned {d.scan.lines} lines ({d.scan.bytes} bytes)."]
-    return "\n".join(out + _warnings(d)) + "\n"
+    return "\n".join(out + _footer(d, incident)) + "\n"
 
 
 def _loc(hit: Hit, d: Diagnosis) -> str:
@@ -172,5 +168,8 @@ def _loc(hit: Hit, d: Diagnosis) -> str:
     return loc + ":"
 
 
-def _warnings(d: Diagnosis) -> list[str]:
-    return [f"warning: {w}" for w in d.warnings]
+def _footer(d: Diagnosis, incident: dict | None) -> list[str]:
+    out = ["", f"Scanned {d.scan.lines} lines ({d.scan.bytes} bytes)."]
+    if incident:
+        out.append(f"Recorded as incident #{incident['id']} (signature {incident['signature']}).")
+    return out + [f"warning: {w}" for w in d.warnings]
