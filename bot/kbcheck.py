@@ -13,6 +13,7 @@ from bot.knowledge import KnowledgeBase
 class EntryReport:
     id: str
     fingerprints: int
+    detectors: int
     positives: int = 0
     positives_ok: int = 0
     near_misses: int = 0
@@ -34,7 +35,7 @@ class CheckReport:
 
 def _check_entry(diagnoser: Diagnoser, entry_id: str) -> EntryReport:
     entry = diagnoser.kb.get(entry_id)
-    report = EntryReport(entry_id, len(entry.fingerprints))
+    report = EntryReport(entry_id, len(entry.fingerprints), len(entry.detectors))
     for ex in entry.data["examples"]["positive"]:
         d = diagnoser.diagnose_text(ex["log"], name=ex["name"])
         got = d.root.entry.id if d.root else None
@@ -85,11 +86,13 @@ def format_report(report: CheckReport) -> str:
         )
         rows += [f"    - {msg}" for msg in e.failures]
     total_fp = sum(e.fingerprints for e in report.entries)
+    total_det = sum(e.detectors for e in report.entries)
     total_pos = sum(e.positives for e in report.entries)
     total_nm = sum(e.near_misses for e in report.entries)
     rows.append("")
     rows.append(
-        f"{len(report.entries)} entries, {total_fp} fingerprints, {total_pos} positive and {total_nm} near-miss examples, "
+        f"{len(report.entries)} entries, {total_fp} fingerprints, {total_det} progress detectors, "
+        f"{total_pos} positive and {total_nm} near-miss examples, "
         f"{report.benign_files} benign logs"
     )
     rows += [f"benign FAIL: {msg}" for msg in report.benign_failures]
