@@ -51,7 +51,8 @@ def _seconds(month: int, day: int, h: str, m: str, s: str, frac: str | None) -> 
     return (((month * 31 + day) * 24 + int(h)) * 60 + int(m)) * 60 + int(s) + float(f"0.{frac or 0}")
 
 
-def _time(line: str) -> tuple[str | None, tuple[str, float] | None]:
+def line_time(line: str) -> tuple[str | None, tuple[str, float] | None]:
+    """(the timestamp as written, (kind, seconds)) of a line, or (None, None)."""
     head = line[:_HEAD]
     if m := _ISO.search(head):
         y, mo, d, h, mi, s, frac = m.groups()
@@ -82,5 +83,5 @@ def line_context(line: str) -> LineContext:
     """Rank, host and timestamp of one line, each None when the line does not say."""
     line = line[:2000]
     rank = _first(_RANK, line)
-    time, key = _time(line)
+    time, key = line_time(line)
     return LineContext(rank=int(rank) if rank is not None else None, host=_first(_HOST, line), time=time, time_key=key)

@@ -22,7 +22,7 @@ EVIDENCE_CHARS = 400
 KEEP_HITS = 5  # first and last hits kept per fingerprint
 KEEP_SPREAD = 4096  # distinct ranks/hosts remembered per fingerprint
 ITERATION_TAIL = 256 << 10  # bytes at the end of a chunk searched for its last iteration line
-TAIL_BYTES = 256 << 10  # bytes at the end of a file read for progress trends
+TAIL_BYTES = 128 << 10  # bytes at the end of a file read for progress trends (~1000 lines)
 _CR_TO_LF = bytes.maketrans(b"\r", b"\n")
 
 

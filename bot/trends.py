@@ -12,13 +12,14 @@ every progress line of a 1 GB log would cost more than the scan itself.
 """
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import statistics
 from dataclasses import dataclass
 
 from bot import markers
-from bot.context import line_context
+from bot.context import line_time
 
 SPIKE_FACTOR = 3.0
 RECOVERY_FACTOR = 2.0
@@ -59,21 +60,23 @@ def _points(lines: list[str]) -> list[_Point]:
             continue
         loss = float(loss_match.group(1)) if loss_match else None
         points.append(_Point(i, loss if loss is not None and math.isfinite(loss) else None, iteration,
-                             line_context(line).time_key))
+                             line_time(line)[1]))
     return points
 
 
 def _spike(points: list[_Point]) -> Trend | None:
     losses = [(p, p.loss) for p in points if p.loss is not None]
-    for k in range(MIN_HISTORY, len(losses)):
-        base = statistics.median(v for _, v in losses[max(0, k - HISTORY):k])
-        point, value = losses[k]
-        if base <= 0 or value < SPIKE_FACTOR * base:
-            continue
-        if all(v >= RECOVERY_FACTOR * base for _, v in losses[k:]):
-            return Trend(LOSS_SPIKE, point.line,
-                         f"loss jumped from a recent median of {base:.4g} to {value:.4g} and did not come back "
-                         f"(threshold {SPIKE_FACTOR:g}x)", point.iteration)
+    window: list[float] = []  # the last HISTORY losses, kept sorted for the median
+    for k, (point, value) in enumerate(losses):
+        if k >= MIN_HISTORY:
+            base = statistics.median(window)
+            if base > 0 and value >= SPIKE_FACTOR * base and all(v >= RECOVERY_FACTOR * base for _, v in losses[k:]):
+                return Trend(LOSS_SPIKE, point.line,
+                             f"loss jumped from a recent median of {base:.4g} to {value:.4g} and did not come back "
+                             f"(threshold {SPIKE_FACTOR:g}x)", point.iteration)
+        bisect.insort(window, value)
+        if k >= HISTORY:
+            window.remove(losses[k - HISTORY][1])
     return None
 
 
@@ -87,7 +90,7 @@ def _stall(points: list[_Point], lines: list[str]) -> Trend | None:
         return None
     step = statistics.median(gaps)
     last = timed[-1]
-    later = [t for line in lines[last.line + 1:] if (t := line_context(line).time_key) and t[0] == kind]
+    later = [t for line in lines[last.line + 1:] if (t := line_time(line)[1]) and t[0] == kind]
     if not later:
         return None
     silent = max(t[1] for t in later) - last.time[1]
