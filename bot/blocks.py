@@ -97,7 +97,7 @@ def status_line(incident_row: dict | None) -> str | None:
     return f":x: Marked wrong diagnosis; the right one is *{escape(incident_row.get('corrected_entry') or 'unknown')}*"
 
 
-def diagnosis_message(d: Diagnosis, incident: dict | None, status: str | None = None) -> tuple[str, list[dict], bool]:
+def diagnosis_message(d: Diagnosis, incident: dict | None) -> tuple[str, list[dict], bool]:
     """(fallback text, blocks, whether something was cut so the full report should go as a file)."""
     incident_id = incident["id"] if incident else None
     blocks: list[dict] = []
@@ -134,8 +134,6 @@ def diagnosis_message(d: Diagnosis, incident: dict | None, status: str | None = 
     history = render.history_lines(incident)
     if history:
         blocks.append(_section("\n".join(f":repeat: {escape(line)}" for line in history))[0])
-    if status:
-        blocks.append(context_block(status))
     blocks.append(_buttons(incident_id, d.root.entry.id if d.root else None))
     return fallback, blocks[:BLOCKS_MAX], cut
 

@@ -9,7 +9,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.replies import Deps, post_diagnosis, report_error
 from bot.slackfiles import FetchError, fetch, is_log_file
-from bot.sources import InputError
+from bot.sources import InputError, open_log
 
 
 def register(app: AsyncApp, deps: Deps) -> None:
@@ -34,6 +34,15 @@ async def _complete(client: AsyncWebClient, meta: dict) -> dict:
     return (await client.files_info(file=meta["id"]))["file"]
 
 
+def _not_text(path: str, name: str) -> str | None:
+    """Why a downloaded file cannot be diagnosed (binary, an archive...), or None."""
+    try:
+        with open(path, "rb") as raw, open_log(raw, name, []):
+            return None
+    except InputError as exc:
+        return f"{exc}: skipped. Upload the text log (.log, .out, .err, .txt or .gz)."
+
+
 async def diagnose_shared_files(client: AsyncWebClient, deps: Deps, files: list[dict], channel: str, thread: str,
                                 extra_text: str | None = None) -> None:
     """Download every log file, diagnose them as one job, reply once in the thread."""
@@ -51,7 +60,11 @@ async def diagnose_shared_files(client: AsyncWebClient, deps: Deps, files: list[
             except FetchError as exc:
                 problems.append(str(exc))
                 continue
-            parts += fetched.parts
+            for path, name in fetched.parts:
+                if problem := _not_text(path, name):
+                    problems.append(problem)  # one binary must not cost the other files their answer
+                else:
+                    parts.append((path, name))
             notes += fetched.notes
         if extra_text and extra_text.strip():
             pasted = Path(tmp) / "thread.txt"
@@ -61,10 +74,5 @@ async def diagnose_shared_files(client: AsyncWebClient, deps: Deps, files: list[
             await client.chat_postMessage(channel=channel, thread_ts=thread,
                                           text=":warning: " + " ".join(problems or notes or ["Nothing to diagnose."]))
             return
-        try:
-            d = await deps.scans.files(parts, max_bytes=settings.max_log_bytes)
-        except InputError as exc:
-            await client.chat_postMessage(channel=channel, thread_ts=thread,
-                                          text=f":warning: {exc}. Upload the text log (.log, .out, .err, .txt or .gz).")
-            return
+        d = await deps.scans.files(parts, max_bytes=settings.max_log_bytes)
         await post_diagnosis(client, deps, d, channel, thread, source="slack-file", notes=problems + notes + d.warnings)

@@ -357,3 +357,16 @@ def test_slash_command_history(tmp_path, kb, scans):
             assert any("gpu-node-99" in r and "none" in r for r in responses)
 
     run(scenario())
+
+
+def test_a_binary_among_several_files_is_skipped_and_the_rest_diagnosed(tmp_path, kb, scans):
+    async def scenario():
+        async with running_bot(tmp_path, kb, scans) as bot:
+            good = bot.fake.add_file("FG", "rank3.log", OOM_PASTE.strip("`").encode())
+            binary = bot.fake.add_file("FX", "core.log", b"\x7fELF\x02\x01\x01" + bytes(range(256)) * 16)
+            await bot.event(message("", subtype="file_share", files=[binary, good]))
+            [reply] = await bot.fake.wait_for("chat.postMessage")
+            text = _text_of(reply)
+            assert "cuda-oom" in text and "core.log" in text and "not a text log" in text
+
+    run(scenario())
