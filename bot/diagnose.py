@@ -119,7 +119,14 @@ def _pick_root(present: dict[str, _EntryHits]) -> tuple[_EntryHits | None, bool]
     if strong:
         # A candidate whose known cause is also in the log is that cause's consequence.
         unexplained = [e for e in strong if not any(c in present for c in e.entry.caused_by)]
-        return _earliest(unexplained or strong, ("root",)), False
+        if unexplained:
+            return _earliest(unexplained, ("root",)), False
+        # Every candidate is explained, by a cause that itself only cascades (a hang reported after
+        # a collective timeout): that cause is the answer, with its own "look further" note.
+        causes = [present[c] for e in strong for c in e.entry.caused_by if c in present and "root" not in present[c].roles]
+        if causes:
+            return _earliest(causes, ("cascade", "confirm")), True
+        return _earliest(strong, ("root",)), False
     weak = [e for e in roots if e.score >= WEAK]
     if weak:
         return _earliest(weak, ("root",)), False
