@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import re
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterable
 
@@ -228,6 +229,13 @@ class Diagnoser:
                     stream = io.BufferedReader(Capped(stream, max_bytes, result.warnings, name), 1 << 20)
                 self.scanner.scan(stream, name, result)
         return analyse(self.kb, result, jobid)
+
+    def diagnose_files(self, files: list[tuple[str, str]], jobid: str | None = None,
+                       max_bytes: int | None = None) -> Diagnosis:
+        """Diagnose files on disk given as (path, name to show): downloads, a Slurm job's log tails."""
+        with ExitStack() as stack:
+            streams = [(name, stack.enter_context(open(path, "rb"))) for path, name in files]
+            return self.diagnose_streams(streams, jobid, max_bytes)
 
     def diagnose_paths(self, paths: list[str], jobid: str | None = None) -> Diagnosis:
         """Diagnose local files ('-' is stdin), one per rank or one for the job, as one job."""

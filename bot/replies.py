@@ -50,7 +50,7 @@ async def post_diagnosis(client: AsyncWebClient, deps: Deps, d: Diagnosis, chann
     if cut:
         await client.files_upload_v2(
             channel=channel, thread_ts=resp["ts"] if thread_ts is None else thread_ts,
-            content=render.to_text(d, markdown=True, incident=incident),
+            content=render.to_text(d, markdown=True, incident=incident, notes=notes),
             filename=f"trainmedic-incident-{incident['id']}.md", title="Full trainmedic report",
         )
     return incident

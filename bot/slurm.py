@@ -297,12 +297,7 @@ def diagnose_job_sync(diagnoser: Diagnoser, settings: Settings, jobid: str) -> J
     """The command line's `trainmedic diagnose --job ID`."""
     collected = collect(settings, jobid)
     try:
-        streams = [(name, open(path, "rb")) for path, name in collected.parts]
-        try:
-            d = diagnoser.diagnose_streams(streams, jobid)
-        finally:
-            for _, f in streams:
-                f.close()
+        d = diagnoser.diagnose_files(collected.parts, jobid)
     finally:
         collected.folder.cleanup()
     return _finish(collected, d)

@@ -23,13 +23,7 @@ def _init() -> None:
 
 
 def _diagnose_files(files: list[tuple[str, str]], jobid: str | None, max_bytes: int | None) -> Diagnosis:
-    """files: (path on disk, name to show)."""
-    streams = [(name, open(path, "rb")) for path, name in files]
-    try:
-        return _diagnoser.diagnose_streams(streams, jobid, max_bytes)
-    finally:
-        for _, f in streams:
-            f.close()
+    return _diagnoser.diagnose_files(files, jobid, max_bytes)
 
 
 def _diagnose_bytes(data: bytes, name: str, jobid: str | None) -> Diagnosis:
