@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 import re
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import BinaryIO, Iterable
 
 from bot.knowledge import Entry, KnowledgeBase
@@ -45,7 +45,11 @@ class Diagnosis:
     jobid: str | None = None
     initiating: dict | None = None
     progress: dict | None = None
-    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def warnings(self) -> list[str]:
+        """What went wrong while reading (a truncated gzip, a capped upload)."""
+        return self.scan.warnings
 
     def fill(self, text: str, finding: Finding | None = None) -> str:
         """Substitute {name} / {name|default} from the finding's captures and the job id."""
@@ -183,10 +187,10 @@ def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> 
         others.append(_finding(eh, "collateral" if collateral else "related", spread))
     others.sort(key=lambda f: (f.role != "collateral", -f.score, f.first.order))
     findings += others
-    diagnosis = Diagnosis(findings[0] if root else None, findings, cascade_only, result, jobid, warnings=list(result.warnings))
+    diagnosis = Diagnosis(findings[0] if root else None, findings, cascade_only, result, jobid)
     if root is not None:
-        diagnosis.initiating = _initiating(root, present)
         start = root.first_of("root") or root.hits[0]
+        diagnosis.initiating = _initiating(root, start, present)
         if start.iteration or start.checkpoint:
             diagnosis.progress = {"iteration": _as_int(start.iteration), "checkpoint": start.checkpoint}
     return diagnosis
@@ -199,10 +203,9 @@ def _as_int(value: str | None) -> int | str | None:
 NEARBY_LINES = 5  # a line this close after the root's first hit may name where it happened
 
 
-def _initiating(root: _EntryHits, present: dict[str, _EntryHits]) -> dict:
-    """Rank and host of the root's first hit; failing that, of its other hits, then of lines printed
-    right after it (slurmstepd names no node, the `srun: error: node: task N` line after it does)."""
-    start = root.first_of("root") or root.hits[0]
+def _initiating(root: _EntryHits, start: Hit, present: dict[str, _EntryHits]) -> dict:
+    """Rank and host of the root's first hit `start`; failing that, of its other hits, then of lines
+    printed right after it (slurmstepd names no node, the `srun: error: node: task N` line does)."""
     nearby = [h for eh in present.values() for h in eh.hits
               if h.file == start.file and start.line <= h.line <= start.line + NEARBY_LINES]
     candidates = [start] + root.hits + sorted(nearby, key=lambda h: h.order)

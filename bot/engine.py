@@ -158,11 +158,11 @@ class RE2Engine:
     name = "re2"
 
     def __init__(self, patterns: list[Pattern]) -> None:
-        self._set = re2.Set.SearchSet(re2.Options())
-        for p in patterns:
-            self._set.Add(re2_compile(p, multiline=True).pattern)
-        self._set.Compile()
         self._regexes = [re2_compile(p, multiline=True) for p in patterns]
+        self._set = re2.Set.SearchSet(re2.Options())
+        for regex in self._regexes:
+            self._set.Add(regex.pattern)
+        self._set.Compile()
 
     def scan(self, chunk: memoryview) -> list[tuple[int, int]]:
         data = bytes(chunk)
