@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bot.diagnose import Diagnoser  # noqa: E402
-from bot.knowledge import entry_folders, load  # noqa: E402
+from bot.engine.diagnose import Diagnoser  # noqa: E402
+from bot.kb.load import entry_folders, load  # noqa: E402
 
 FAILURE = """\
 [rank3]: Traceback (most recent call last):

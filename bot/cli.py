@@ -7,6 +7,7 @@ import click
 
 from bot import __version__
 
+
 def _epilog() -> str:
     from bot.config import settings_help
 
@@ -20,7 +21,7 @@ class UsageProblem(click.ClickException):
 
 
 def _load_kb():
-    from bot.knowledge import KnowledgeError, load
+    from bot.kb.load import KnowledgeError, load
 
     try:
         return load()
@@ -44,8 +45,8 @@ def diagnose(paths: tuple[str, ...], fmt: str, jobid: str | None, no_record: boo
 
     Several files are one job, one file per rank."""
     from bot import render
-    from bot.diagnose import Diagnoser
-    from bot.sources import InputError
+    from bot.engine.diagnose import Diagnoser
+    from bot.sources.files import InputError, diagnose_paths
 
     if not paths and not jobid:
         raise click.UsageError("give log files, '-' for stdin, or --job JOBID")
@@ -53,7 +54,7 @@ def diagnose(paths: tuple[str, ...], fmt: str, jobid: str | None, no_record: boo
     notes: list[str] = []
     try:
         if paths:
-            d = diagnoser.diagnose_paths(list(paths), jobid=jobid)
+            d = diagnose_paths(diagnoser, list(paths), jobid=jobid)
         else:
             d, notes = _diagnose_job(diagnoser, jobid)
     except InputError as exc:
@@ -67,7 +68,7 @@ def diagnose(paths: tuple[str, ...], fmt: str, jobid: str | None, no_record: boo
 
 def _diagnose_job(diagnoser, jobid: str):
     from bot.config import ConfigError, Settings
-    from bot.slurm import JobError, diagnose_job_sync
+    from bot.sources.slurm import JobError, diagnose_job_sync
 
     try:
         job = diagnose_job_sync(diagnoser, Settings.from_env(), jobid)
@@ -80,7 +81,7 @@ def _record(d, jobid: str | None) -> dict | None:
     """Keep the diagnosis as an incident; a history that cannot be written must not lose the answer."""
     import sqlite3
 
-    from bot.history import History
+    from bot.history.store import History
 
     try:
         history = History()
@@ -119,8 +120,8 @@ def kb_show(entry_id: str, fmt: str) -> None:
     """Show one entry the way a person reads it."""
     import json
 
-    from bot.entrypage import entry_text
-    from bot.knowledge import KnowledgeError
+    from bot.kb.load import KnowledgeError
+    from bot.kb.page import entry_text
 
     try:
         entry = _load_kb().get(entry_id)
@@ -149,7 +150,7 @@ def serve(port: int, socket_mode: bool, host: str) -> None:
     import logging
 
     from bot.config import ConfigError, Settings
-    from bot.server import run
+    from bot.slack.server import run
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -161,7 +162,7 @@ def serve(port: int, socket_mode: bool, host: str) -> None:
 def _history():
     import sqlite3
 
-    from bot.history import History
+    from bot.history.store import History
 
     try:
         return History()

@@ -126,6 +126,11 @@ def _read_file(path: Path) -> dict[str, str]:
     return {k: str(v) for k, v in data.items()}
 
 
+def cache_dir() -> Path:
+    """Where compiled engines and validated entries are cached (XDG_CACHE_HOME, else ~/.cache)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainmedic"
+
+
 def settings_help() -> str:
     width = max(map(len, SETTINGS))
     return "\n".join(f"  {name.ljust(width)}  {meaning}" for name, meaning in SETTINGS.items())

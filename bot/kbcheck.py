@@ -5,8 +5,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import knowledge as shipped
-from bot.diagnose import Diagnoser
-from bot.knowledge import KnowledgeBase
+from bot.engine.diagnose import Diagnoser
+from bot.kb.load import KnowledgeBase
+from bot.sources.files import diagnose_paths
 
 
 @dataclass
@@ -70,7 +71,7 @@ def check(kb: KnowledgeBase, benign: Path = shipped.BENIGN) -> CheckReport:
     failures = []
     files = benign_files(benign) if benign.is_dir() else []
     for path in files:
-        d = diagnoser.diagnose_paths([str(path)])
+        d = diagnose_paths(diagnoser, [str(path)])
         if d.findings:
             names = ", ".join(f"{f.entry.id} at line {f.first.line}" for f in d.findings)
             failures.append(f"{path.name}: healthy log matched {names}")

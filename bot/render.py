@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import json
 
-from bot.diagnose import Diagnosis, Finding
-from bot.knowledge import Entry
-from bot.scan import Hit
+from bot.engine.diagnose import Diagnosis, Finding
+from bot.engine.scan import Hit
+from bot.kb.load import Entry
 
 MAX_LISTED = 64  # ranks/hosts listed per finding
 

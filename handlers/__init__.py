@@ -1,7 +1,7 @@
 """Slack listeners, one module per surface; each has register(app, deps). Only the app factory imports this."""
 from slack_bolt.async_app import AsyncApp
 
-from bot.replies import Deps
+from bot.slack.replies import Deps
 
 
 def register_all(app: AsyncApp, deps: Deps) -> None:

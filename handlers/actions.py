@@ -5,8 +5,8 @@ from __future__ import annotations
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot import blocks
-from bot.replies import Deps, refresh_reply, report_error
+from bot.slack import blocks
+from bot.slack.replies import Deps, refresh_reply, report_error
 
 RESOLVE_VIEW, WRONG_VIEW = "resolve_incident", "wrong_diagnosis"
 UNKNOWN = "unknown"

@@ -4,9 +4,9 @@ from __future__ import annotations
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot import blocks
-from bot.replies import Deps, post_diagnosis, report_error
-from bot.slurm import JobError, parse_jobid
+from bot.slack import blocks
+from bot.slack.replies import Deps, post_diagnosis, report_error
+from bot.sources.slurm import JobError, parse_jobid
 
 USAGE = """*Usage*
 • `/diagnose <jobid>` - diagnose a Slurm job from its logs and accounting (`123`, `123_4`, `123+1`, `123.batch`)
@@ -86,7 +86,7 @@ def register(app: AsyncApp, deps: Deps) -> None:
 
 
 async def _job(client: AsyncWebClient, deps: Deps, text: str, channel: str, user: str, respond) -> None:
-    from bot.slurm import diagnose_job
+    from bot.sources.slurm import diagnose_job
 
     try:
         job = await diagnose_job(deps, text, slack_user=user, channel=channel)

@@ -7,9 +7,9 @@ from pathlib import Path
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.replies import Deps, post_diagnosis, report_error
-from bot.slackfiles import FetchError, fetch, is_log_file
-from bot.sources import InputError, open_log
+from bot.slack.files import FetchError, fetch, is_log_file
+from bot.slack.replies import Deps, post_diagnosis, report_error
+from bot.sources.files import InputError, open_log
 
 
 def register(app: AsyncApp, deps: Deps) -> None:

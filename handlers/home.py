@@ -4,9 +4,9 @@ from __future__ import annotations
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot import blocks
-from bot.history import thread_link
-from bot.replies import Deps, report_error
+from bot.history.store import thread_link
+from bot.slack import blocks
+from bot.slack.replies import Deps, report_error
 
 LISTED = 8
 

@@ -8,7 +8,7 @@ import re
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.replies import Deps, post_diagnosis, report_error
+from bot.slack.replies import Deps, post_diagnosis, report_error
 from handlers.files import diagnose_shared_files
 
 _MENTION = re.compile(r"<@[A-Z0-9]+>")

@@ -4,12 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from bot import engine
-from bot.diagnose import Diagnoser
-from bot.knowledge import entry_folders, load
+from bot.engine.diagnose import Diagnoser
+from bot.kb.load import entry_folders, load
+from bot.match import engines
 
 # Every engine available here; CI (x86_64) runs both, so the RE2 fallback stays tested.
-ENGINES = ["re2"] + (["hyperscan"] if engine.hyperscan is not None else [])
+ENGINES = ["re2"] + (["hyperscan"] if engines.hyperscan is not None else [])
 
 
 @pytest.fixture(autouse=True)

@@ -11,13 +11,13 @@ from dataclasses import dataclass, replace
 
 import aiohttp
 from aiohttp import web
+from slack_fake import BOT_TOKEN, SIGNING_SECRET, FakeSlack
 from slack_sdk.signature import SignatureVerifier
 
 from bot.config import Settings
-from bot.history import AsyncHistory
-from bot.replies import Deps
-from bot.slackapp import create_app
-from slack_fake import BOT_TOKEN, SIGNING_SECRET, FakeSlack
+from bot.history.store import AsyncHistory
+from bot.slack.app import create_app
+from bot.slack.replies import Deps
 
 CHANNEL = "C0INCIDENTS"
 USER = "U0ONCALL"

@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli, write
 
 OOM_LOG = """\
@@ -145,7 +144,6 @@ def test_kb_check_fails_on_a_broken_site_entry(tmp_path):
     import os
 
     import yaml
-
     from conftest import entry_yaml
 
     bad = entry_yaml("site-bad", r"will never match this", positive_log="no match in here\n")
@@ -208,7 +206,7 @@ def test_incidents_commands_in_every_format(tmp_path, fmt):
 def test_export_feedback_writes_kb_examples(tmp_path):
     import yaml
 
-    from bot.history import History
+    from bot.history.store import History
 
     log = str(write(tmp_path / "job.log", OOM_LOG))
     incident = _json([log])["incident"]

@@ -1,7 +1,7 @@
 """Rank, host and timestamp extraction on each format real logs use."""
 import pytest
 
-from bot.context import line_context
+from bot.engine.context import line_context
 
 RANKS = [
     ("[rank3]:[E1010 06:39:17.596585 ProcessGroupNCCL.cpp:616] boom", 3),

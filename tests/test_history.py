@@ -7,11 +7,11 @@ import sys
 import textwrap
 
 import pytest
-
-from bot.diagnose import Diagnoser
-from bot.history import History, migrations
-from bot.knowledge import load
 from conftest import entry_yaml, write_entries
+
+from bot.engine.diagnose import Diagnoser
+from bot.history.store import History, migrations
+from bot.kb.load import load
 
 
 @pytest.fixture(scope="module")
@@ -123,9 +123,9 @@ WRITER = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from conftest import entry_yaml, write_entries
     from pathlib import Path
-    from bot.diagnose import Diagnoser
-    from bot.history import History
-    from bot.knowledge import load
+    from bot.engine.diagnose import Diagnoser
+    from bot.history.store import History
+    from bot.kb.load import load
     d = Diagnoser(load([Path({kb!r})]), engine_name="re2")
     h = History({db!r})
     for i in range({n}):

@@ -3,8 +3,9 @@ silent; the healthy corpus raises nothing. Run under every engine available here
 import pytest
 
 import knowledge as shipped
+from bot.kb.load import entry_folders, load
 from bot.kbcheck import benign_files
-from bot.knowledge import entry_folders, load
+from bot.sources.files import diagnose_paths
 
 KB = load(entry_folders(""))
 POSITIVES = [
@@ -36,7 +37,7 @@ def test_near_miss_does_not_raise_its_entry(diagnoser, entry_id, example):
 
 @pytest.mark.parametrize("path", benign_files(), ids=lambda p: p.name)
 def test_healthy_log_raises_nothing(diagnoser, path):
-    d = diagnoser.diagnose_paths([str(path)])
+    d = diagnose_paths(diagnoser, [str(path)])
     assert [(f.entry.id, f.first.line, f.first.text) for f in d.findings] == []
 
 

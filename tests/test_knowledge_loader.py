@@ -1,8 +1,8 @@
 """The loader refuses a bad entry with a message that names the file, the field and the remedy."""
 import pytest
-
-from bot.knowledge import KnowledgeError, entry_folders, load
 from conftest import entry_yaml, write_entries
+
+from bot.kb.load import KnowledgeError, entry_folders, load
 
 
 def _load(folder):

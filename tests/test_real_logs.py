@@ -27,14 +27,15 @@ def _accepted(case) -> set:
 
 @pytest.mark.skipif(not _cases(), reason=f"no labelled real logs at {FOLDER}")
 def test_real_log_accuracy(kb, capsys):
-    from bot.diagnose import Diagnoser
+    from bot.engine.diagnose import Diagnoser
+    from bot.sources.files import diagnose_paths
 
     diagnoser = Diagnoser(kb)
     right = top3 = 0
     rows = []
     cases = _cases()
     for case in cases:
-        d = diagnoser.diagnose_paths([str(FOLDER / case["case"])])
+        d = diagnose_paths(diagnoser, [str(FOLDER / case["case"])])
         got = d.root.entry.id if d.root else None
         ranked = [f.entry.id for f in d.findings[:3]] or [None]
         ok = got in _accepted(case)

@@ -1,7 +1,7 @@
 """Secrets that appear in logs are masked before anything is shown, posted or stored."""
 import pytest
 
-from bot.redact import MASK, redact
+from bot.engine.redact import MASK, redact
 
 SECRETS = [
     ("slack bot token xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx", "xoxb-123456789012"),

@@ -3,11 +3,12 @@ import gzip
 import io
 
 import pytest
-
-from bot.diagnose import Diagnoser
-from bot.knowledge import load
-from bot.scan import EVIDENCE_CHARS
 from conftest import ENGINES, entry_yaml, write_entries
+
+from bot.engine.diagnose import Diagnoser
+from bot.engine.scan import EVIDENCE_CHARS
+from bot.kb.load import load
+from bot.sources.files import diagnose_streams
 
 BOOM = "KABOOM at step (?P<step>[0-9]+)"
 
@@ -24,7 +25,7 @@ def tiny_kb(tmp_path_factory):
 
 
 def _diagnose(kb, text: bytes, engine: str, chunk: int = 1 << 16):
-    return Diagnoser(kb, chunk_bytes=chunk, engine_name=engine).diagnose_streams([("log", io.BytesIO(text))])
+    return diagnose_streams(Diagnoser(kb, chunk_bytes=chunk, engine_name=engine), [("log", io.BytesIO(text))])
 
 
 def _log(n_lines: int = 300, boom_at: int = 250) -> bytes:
@@ -123,7 +124,7 @@ def test_gzip_is_read_transparently_and_truncation_reported(tiny_kb):
 
 def test_several_files_are_one_job_with_per_file_lines(tiny_kb):
     streams = [("rank0.log", io.BytesIO(b"ok\nok\n")), ("rank5.log", io.BytesIO(b"ok\n[rank5]: KABOOM at step 4\n"))]
-    d = Diagnoser(tiny_kb, engine_name="re2").diagnose_streams(streams)
+    d = diagnose_streams(Diagnoser(tiny_kb, engine_name="re2"), streams)
     assert d.root.first.file == 1 and d.root.first.line == 2
     assert d.scan.lines == 4
 

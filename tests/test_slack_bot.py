@@ -5,10 +5,10 @@ import gzip
 import time
 
 import pytest
-
-from bot.workers import ScanPool
 from slack_fake import BOT_TOKEN
 from slackbot import CHANNEL, USER, message, running_bot, signed_headers
+
+from bot.sources.workers import ScanPool
 
 OOM_PASTE = """```
 [rank0]: {'loss': 1.3021, 'grad_norm': 0.4411, 'learning_rate': 1.9e-05, 'epoch': 0.24}

@@ -7,7 +7,6 @@ import socket
 import sys
 
 import aiohttp
-
 from slack_fake import APP_TOKEN, BOT_TOKEN, SIGNING_SECRET, FakeSlack
 from slackbot import event_body, message, signed_headers
 

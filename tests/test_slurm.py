@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from bot.config import Settings
-from bot.slurm import JobError, collect, expand, parse_jobid
-from conftest import run_cli
+from bot.sources.slurm import JobError, collect, expand, parse_jobid
 
 FAKES = Path(__file__).parent / "fakes"
 
@@ -231,8 +231,9 @@ def test_owner_policy(slurm, monkeypatch, tmp_path):
 
 
 def test_slash_command_acks_at_once_and_posts_the_job_diagnosis(slurm, tmp_path, kb, monkeypatch):
-    from bot.workers import ScanPool
     from slackbot import CHANNEL, running_bot
+
+    from bot.sources.workers import ScanPool
 
     (slurm.root / "slurm-8812345.out").write_text(OOM_LOG)
     slurm.add("8812345", [record("8812345", "OUT_OF_MEMORY", StdOut=str(slurm.root / "slurm-%j.out"))],

@@ -1,5 +1,5 @@
-"""Loss spikes and stalls judged from progress lines (bot/trends.py), with the thresholds it states."""
-from bot import trends
+"""Loss spikes and stalls judged from progress lines (bot/engine/trends.py), with the thresholds it states."""
+from bot.engine import trends
 
 
 def _hf(losses):

@@ -6,7 +6,9 @@ import io
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterable, Iterator
+
+from bot.engine.diagnose import Diagnoser, Diagnosis
 
 GZIP_MAGIC = b"\x1f\x8b"
 _BINARY_MAGIC = {
@@ -82,12 +84,12 @@ def open_log(raw: BinaryIO, name: str, warnings: list[str]) -> Iterator[BinaryIO
 
 
 @contextmanager
-def open_path(path: str, warnings: list[str]) -> Iterator[BinaryIO]:
+def open_path(path: str, name: str, warnings: list[str]) -> Iterator[BinaryIO]:
     """Open a local file (or '-' for stdin) as a log stream; InputError when it cannot be read."""
     if path == "-":
         import sys
 
-        with open_log(sys.stdin.buffer, "<stdin>", warnings) as stream:
+        with open_log(sys.stdin.buffer, name, warnings) as stream:
             yield stream
         return
     p = Path(path)
@@ -97,7 +99,7 @@ def open_path(path: str, warnings: list[str]) -> Iterator[BinaryIO]:
         raw = open(p, "rb")
     except OSError as exc:
         raise InputError(f"{path}: cannot open it: {exc.strerror or exc}") from None
-    with raw, open_log(raw, path, warnings) as stream:
+    with raw, open_log(raw, name, warnings) as stream:
         yield stream
 
 
@@ -125,3 +127,44 @@ class Capped(io.RawIOBase):
             n = self._stream.readinto(view[: self._left])
         self._left -= n
         return n
+
+
+
+def _capped(text: BinaryIO, name: str, warnings: list[str], max_bytes: int | None) -> BinaryIO:
+    return io.BufferedReader(Capped(text, max_bytes, warnings, name), 1 << 20) if max_bytes else text
+
+
+def _from_raw(raw: Iterable[tuple[str, BinaryIO]], warnings: list[str],
+              max_bytes: int | None) -> Iterator[tuple[str, BinaryIO]]:
+    for name, stream in raw:
+        with open_log(stream, name, warnings) as text:
+            yield name, _capped(text, name, warnings, max_bytes)
+
+
+def _from_files(files: list[tuple[str, str]], warnings: list[str],
+                max_bytes: int | None) -> Iterator[tuple[str, BinaryIO]]:
+    # Each file is opened in turn and closed before the next, so a job of 1,000 files holds one.
+    for path, name in files:
+        with open_path(path, name, warnings) as text:
+            yield name, _capped(text, name, warnings, max_bytes)
+
+
+def diagnose_streams(diagnoser: Diagnoser, streams: Iterable[tuple[str, BinaryIO]], jobid: str | None = None,
+                     max_bytes: int | None = None) -> Diagnosis:
+    """Diagnose raw streams (gzip allowed) as one job, each cut after `max_bytes` of text if given;
+    raises InputError for binaries."""
+    warnings: list[str] = []
+    return diagnoser.diagnose(_from_raw(streams, warnings, max_bytes), jobid, warnings)
+
+
+def diagnose_files(diagnoser: Diagnoser, files: list[tuple[str, str]], jobid: str | None = None,
+                   max_bytes: int | None = None) -> Diagnosis:
+    """Diagnose files given as (path, name to show; '-' is stdin) as one job: local files,
+    downloads, a Slurm job's log tails. Raises InputError for what cannot be read."""
+    warnings: list[str] = []
+    return diagnoser.diagnose(_from_files(files, warnings, max_bytes), jobid, warnings)
+
+
+def diagnose_paths(diagnoser: Diagnoser, paths: list[str], jobid: str | None = None) -> Diagnosis:
+    """Diagnose local files ('-' is stdin), one per rank or one for the job, as one job."""
+    return diagnose_files(diagnoser, [(p, "<stdin>" if p == "-" else p) for p in paths], jobid)

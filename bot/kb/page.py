@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import textwrap
 
-from bot.knowledge import Entry
+from bot.kb.load import Entry
 
 
 def _wrap(text: str, indent: str = "  ") -> list[str]:

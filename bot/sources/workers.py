@@ -10,24 +10,25 @@ import io
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
-from bot.diagnose import Diagnoser, Diagnosis
+from bot.engine.diagnose import Diagnoser, Diagnosis
+from bot.sources.files import diagnose_files, diagnose_streams
 
 _diagnoser: Diagnoser | None = None
 
 
 def _init() -> None:
     global _diagnoser
-    from bot.knowledge import load
+    from bot.kb.load import load
 
     _diagnoser = Diagnoser(load())
 
 
 def _diagnose_files(files: list[tuple[str, str]], jobid: str | None, max_bytes: int | None) -> Diagnosis:
-    return _diagnoser.diagnose_files(files, jobid, max_bytes)
+    return diagnose_files(_diagnoser, files, jobid, max_bytes)
 
 
 def _diagnose_bytes(data: bytes, name: str, jobid: str | None) -> Diagnosis:
-    return _diagnoser.diagnose_streams([(name, io.BytesIO(data))], jobid)
+    return diagnose_streams(_diagnoser, [(name, io.BytesIO(data))], jobid)
 
 
 class ScanPool:

@@ -12,7 +12,9 @@ from typing import Any
 import yaml
 
 import knowledge as shipped
-from bot import __version__, engine
+from bot import __version__
+from bot.config import cache_dir
+from bot.match import engines
 
 ROLES = ("root", "cascade", "confirm")
 
@@ -30,11 +32,11 @@ class Fingerprint:
     strength: float
     meaning: str
     ignorecase: bool = False
-    detector: str | None = None  # a bot/trends.py kind instead of a regex
+    detector: str | None = None  # a bot/engine/trends.py kind instead of a regex
 
     @property
-    def pattern(self) -> engine.Pattern:
-        return engine.Pattern(self.regex, self.ignorecase)
+    def pattern(self) -> engines.Pattern:
+        return engines.Pattern(self.regex, self.ignorecase)
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ def parse_entry(path: Path, text: str | None = None) -> Entry:
         if fp["id"] in seen:
             raise KnowledgeError(f"{path}: field fingerprints[{i}].id: duplicate fingerprint id {fp['id']!r}; give each one its own id")
         seen.add(fp["id"])
-        problem = engine.check(engine.Pattern(fp["regex"], fp.get("ignorecase", False)))
+        problem = engines.check(engines.Pattern(fp["regex"], fp.get("ignorecase", False)))
         if problem:
             raise KnowledgeError(f"{path}: field fingerprints[{i}].regex: {problem}")
     return _entry(path, data)
@@ -143,8 +145,8 @@ class _ValidatedCache:
     """
 
     def __init__(self) -> None:
-        self.path = engine.cache_dir() / "validated-entries.json"
-        salt = f"{__version__}|{engine.hyperscan is not None}|".encode() + shipped.SCHEMA.read_bytes()
+        self.path = cache_dir() / "validated-entries.json"
+        salt = f"{__version__}|{engines.hyperscan is not None}|".encode() + shipped.SCHEMA.read_bytes()
         self._salt = hashlib.sha256(salt).digest()
         try:
             self._old = json.loads(self.path.read_text())

@@ -6,8 +6,8 @@ import logging
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.response import BoltResponse
 
-from bot.replies import Deps
-from bot.slackclient import web_client
+from bot.slack.client import web_client
+from bot.slack.replies import Deps
 
 log = logging.getLogger("trainmedic")
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bot.config import Settings
-from bot.diagnose import Diagnoser, Diagnosis
+from bot.engine.diagnose import Diagnoser, Diagnosis
+from bot.sources.files import diagnose_files
 
 _JOBID = re.compile(r"[0-9]{1,12}(?:[_+][0-9]{1,8})?(?:\.(?:[0-9]{1,6}|batch|extern))?", re.ASCII)
 SACCT_FIELDS = "JobID,JobName,User,State,ExitCode,NodeList,Elapsed,Timelimit,ReqMem,MaxRSS,MaxRSSNode,WorkDir"
@@ -297,7 +298,7 @@ def diagnose_job_sync(diagnoser: Diagnoser, settings: Settings, jobid: str) -> J
     """The command line's `trainmedic diagnose --job ID`."""
     collected = collect(settings, jobid)
     try:
-        d = diagnoser.diagnose_files(collected.parts, jobid)
+        d = diagnose_files(diagnoser, collected.parts, jobid)
     finally:
         collected.folder.cleanup()
     return _finish(collected, d)

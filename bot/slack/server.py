@@ -28,11 +28,11 @@ def _healthz(check: Callable[[], Awaitable[bool]]):
 
 async def build(settings: Settings):
     """(Bolt app, deps) with the knowledge base, worker pool and history ready."""
-    from bot.history import AsyncHistory
-    from bot.knowledge import load
-    from bot.replies import Deps
-    from bot.slackapp import create_app
-    from bot.workers import ScanPool
+    from bot.history.store import AsyncHistory
+    from bot.kb.load import load
+    from bot.slack.app import create_app
+    from bot.slack.replies import Deps
+    from bot.sources.workers import ScanPool
 
     history = AsyncHistory(settings.db)
     if settings.retention_days:

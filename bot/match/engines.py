@@ -2,7 +2,7 @@
 
 Two engines with one interface. Hyperscan (x86_64 wheel) scans a chunk for all patterns in one
 pass and reports each match's end offset; it looks for each pattern's required literals where it
-has long ones (bot/literals.py), which is many times faster. Where it is missing, an RE2 set finds
+has long ones (bot/match/literals.py), which is many times faster. Where it is missing, an RE2 set finds
 which patterns occur in the chunk and RE2 finds their positions; both are linear-time. Either way
 the caller confirms each reported line with RE2 (and extracts named groups), so an engine may
 report a line that the full pattern does not match, never miss one that it does.
@@ -14,12 +14,12 @@ import hashlib
 import os
 from dataclasses import dataclass
 from importlib.metadata import version
-from pathlib import Path
 from typing import Protocol
 
 import re2
 
-from bot import literals
+from bot.config import cache_dir
+from bot.match import literals
 
 try:  # the wheel only exists for some platforms: see pyproject.toml
     import hyperscan
@@ -102,10 +102,6 @@ def _cached_hyperscan_db(patterns: list[Pattern]) -> "hyperscan.Database":
     except OSError:
         pass
     return db
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainmedic"
 
 
 class _CommonText:

@@ -18,8 +18,8 @@ import re
 import statistics
 from dataclasses import dataclass
 
-from bot import markers
-from bot.context import line_time
+from bot.engine import markers
+from bot.engine.context import line_time
 
 SPIKE_FACTOR = 3.0
 RECOVERY_FACTOR = 2.0

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import io
 import re
-from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import BinaryIO, Iterable
 
-from bot.knowledge import Entry, KnowledgeBase
-from bot.scan import CHUNK_BYTES, Hit, Marked, Scanner, ScanResult
-from bot.sources import Capped, open_log, open_path
+from bot.engine.scan import CHUNK_BYTES, Hit, Marked, Scanner, ScanResult
+from bot.kb.load import Entry, KnowledgeBase
 
 WELL_SUPPORTED = 0.5  # an entry scoring below this needs more evidence to be called the cause
 WEAK = 0.3
@@ -221,32 +219,16 @@ class Diagnoser:
         self.kb = kb
         self.scanner = Scanner(kb, chunk_bytes, engine_name)
 
-    def diagnose_streams(self, streams: Iterable[tuple[str, BinaryIO]], jobid: str | None = None,
-                         max_bytes: int | None = None) -> Diagnosis:
-        """Diagnose raw streams (gzip allowed) as one job, each cut after `max_bytes` of text if given;
-        raises sources.InputError for binaries."""
-        result = ScanResult()
-        for name, raw in streams:
-            with open_log(raw, name, result.warnings) as stream:
-                if max_bytes is not None:
-                    stream = io.BufferedReader(Capped(stream, max_bytes, result.warnings, name), 1 << 20)
-                self.scanner.scan(stream, name, result)
-        return analyse(self.kb, result, jobid)
+    def diagnose(self, streams: Iterable[tuple[str, BinaryIO]], jobid: str | None = None,
+                 warnings: list[str] | None = None) -> Diagnosis:
+        """Diagnose log text streams (one per rank, or one for the job) as one job, read in turn.
 
-    def diagnose_files(self, files: list[tuple[str, str]], jobid: str | None = None,
-                       max_bytes: int | None = None) -> Diagnosis:
-        """Diagnose files on disk given as (path, name to show): downloads, a Slurm job's log tails."""
-        with ExitStack() as stack:
-            streams = [(name, stack.enter_context(open(path, "rb"))) for path, name in files]
-            return self.diagnose_streams(streams, jobid, max_bytes)
-
-    def diagnose_paths(self, paths: list[str], jobid: str | None = None) -> Diagnosis:
-        """Diagnose local files ('-' is stdin), one per rank or one for the job, as one job."""
-        result = ScanResult()
-        for path in paths:
-            with open_path(path, result.warnings) as stream:
-                self.scanner.scan(stream, "<stdin>" if path == "-" else path, result)
+        `warnings` is the list the sources write to while the streams are read (a truncated gzip,
+        a capped upload); the diagnosis reports it."""
+        result = ScanResult(warnings=[] if warnings is None else warnings)
+        for name, stream in streams:
+            self.scanner.scan(stream, name, result)
         return analyse(self.kb, result, jobid)
 
     def diagnose_text(self, text: str, name: str = "<paste>", jobid: str | None = None) -> Diagnosis:
-        return self.diagnose_streams([(name, io.BytesIO(text.encode("utf-8", "replace")))], jobid)
+        return self.diagnose([(name, io.BytesIO(text.encode("utf-8", "replace")))], jobid)

@@ -23,8 +23,8 @@ from typing import Iterator
 import sqlite_utils
 from sqlite_utils import Migrations
 
-from bot.diagnose import Diagnosis
-from bot.signature import signature
+from bot.engine.diagnose import Diagnosis
+from bot.history.signature import signature
 
 # Failures of a machine rather than of a job: a host that shows several is a candidate to drain.
 HARDWARE_ENTRIES = frozenset({

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from bot.diagnose import Diagnosis
+from bot.engine.diagnose import Diagnosis
 
 _MASKS = [
     (re.compile(p), token)

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 import aiohttp
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot import blocks, render
+from bot import render
 from bot.config import Settings
-from bot.diagnose import Diagnosis
-from bot.history import AsyncHistory
-from bot.knowledge import KnowledgeBase
-from bot.workers import ScanPool
+from bot.engine.diagnose import Diagnosis
+from bot.history.store import AsyncHistory
+from bot.kb.load import KnowledgeBase
+from bot.slack import blocks
+from bot.sources.workers import ScanPool
 
 log = logging.getLogger("trainmedic")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 
 from bot import render
-from bot.diagnose import Diagnosis, Finding
-from bot.knowledge import Entry
+from bot.engine.diagnose import Diagnosis, Finding
+from bot.kb.load import Entry
 
 SECTION_MAX = 3000
 HEADER_MAX = 150

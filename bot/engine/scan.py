@@ -11,10 +11,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from bot import engine, markers, trends
-from bot.context import line_context
-from bot.knowledge import Fingerprint, KnowledgeBase
-from bot.redact import redact
+from bot.engine import markers, trends
+from bot.engine.context import line_context
+from bot.engine.redact import redact
+from bot.kb.load import Fingerprint, KnowledgeBase
+from bot.match import engines
 
 CHUNK_BYTES = 16 << 20
 MAX_HIT_LINE = 64 << 10  # bytes of a hit line that are examined
@@ -116,9 +117,9 @@ class Scanner:
         self.fingerprints = kb.fingerprints
         self.detectors = {kind: kb.detectors(kind) for kind in trends.KINDS}
         patterns = [fp.pattern for fp in self.fingerprints] + [m.scan for m in markers.LINE_MARKERS]
-        self.engine = engine.build(patterns, engine_name)
-        self.iteration_engine = engine.build([m.scan for m in markers.ITERATION_MARKERS], engine_name)
-        self._confirm = [engine.re2_compile(p, text=True) for p in patterns]
+        self.engine = engines.build(patterns, engine_name)
+        self.iteration_engine = engines.build([m.scan for m in markers.ITERATION_MARKERS], engine_name)
+        self._confirm = [engines.re2_compile(p, text=True) for p in patterns]
         self.chunk_bytes = chunk_bytes
 
     def scan(self, stream: BinaryIO, name: str, result: ScanResult) -> ScanResult:
@@ -153,7 +154,7 @@ class Scanner:
         return result
 
     def _trends(self, tail: bytes, lines: int, file_no: int, result: ScanResult) -> None:
-        """Loss spikes and stalls judged from the last lines of the file (bot/trends.py)."""
+        """Loss spikes and stalls judged from the last lines of the file (bot/engine/trends.py)."""
         if not any(self.detectors.values()):
             return
         text = tail.decode("utf-8", "replace").split("\n")
