@@ -4,7 +4,7 @@ from __future__ import annotations
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.history.store import thread_link
+from bot.history.queries import thread_link
 from bot.slack import blocks
 from bot.slack.replies import Deps, report_error
 

@@ -10,7 +10,8 @@ import pytest
 from conftest import entry_yaml, write_entries
 
 from bot.engine.diagnose import Diagnoser
-from bot.history.store import History, migrations
+from bot.history.schema import migrations
+from bot.history.store import History
 from bot.kb.load import load
 
 
