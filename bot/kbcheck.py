@@ -6,6 +6,7 @@ from pathlib import Path
 
 import knowledge as shipped
 from bot.engine.diagnose import Diagnoser
+from bot.kb import rules
 from bot.kb.load import KnowledgeBase
 from bot.sources.files import diagnose_paths
 
@@ -37,6 +38,7 @@ class CheckReport:
 def _check_entry(diagnoser: Diagnoser, entry_id: str) -> EntryReport:
     entry = diagnoser.kb.get(entry_id)
     report = EntryReport(entry_id, len(entry.fingerprints), len(entry.detectors))
+    report.failures += [f"command rule: {p}" for p in rules.problems(entry.data)]
     for ex in entry.data["examples"]["positive"]:
         d = diagnoser.diagnose_text(ex["log"], name=ex["name"])
         got = d.root.entry.id if d.root else None

@@ -108,6 +108,10 @@ def _steps(entry: Entry, d: Diagnosis, f: Finding, md: bool) -> list[str]:
         if "command" in step:
             cmd = d.fill(step["command"], f)
             out.append(f"   `{cmd}`" if md else f"     $ {cmd}")
+        if "code" in step:  # a change to code or config: shown as code, never as a command
+            code = d.fill(step["code"], f).rstrip("\n")
+            out += ["   ```", *(f"   {line}" for line in code.split("\n")), "   ```"] if md else \
+                [f"     | {line}" for line in code.split("\n")]
     return out
 
 

@@ -64,7 +64,6 @@ def default_path() -> Path:
 
 
 def connect(path: Path) -> sqlite_utils.Database:
-    path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path, timeout=10, check_same_thread=False)
     conn.execute("PRAGMA busy_timeout=10000")
     conn.execute("PRAGMA journal_mode=WAL")

@@ -26,8 +26,11 @@ class History(Writes):
 
     def __init__(self, path: Path | str | None = None) -> None:
         self.path = Path(path) if path else default_path()
-        self.db = connect(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Switching a new file to WAL takes an exclusive lock that the busy timeout does not wait
+        # for, so two processes opening a new file at once would fail: connect under the file lock.
         with self._lock():
+            self.db = connect(self.path)
             migrations.apply(self.db)
 
     @contextmanager

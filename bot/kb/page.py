@@ -16,6 +16,8 @@ def _steps(steps: list[dict]) -> list[str]:
         out += _wrap(f"{i}. {step['text']}")
         if "command" in step:
             out.append(f"       $ {step['command']}")
+        if "code" in step:
+            out += [f"       | {line}" for line in step["code"].rstrip().split("\n")]
     return out
 
 

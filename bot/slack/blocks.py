@@ -69,6 +69,8 @@ def _steps(f: Finding, d: Diagnosis) -> str:
         line = f"{i}. {escape(d.fill(step['text'], f))}"
         if "command" in step:
             line += f"\n      `{escape(d.fill(step['command'], f))}`"
+        if "code" in step:
+            line += f"\n```{escape(d.fill(step['code'], f).rstrip())}```"
         lines.append(line)
     return "\n".join(lines)
 
@@ -150,6 +152,7 @@ def entry_blocks(entry: Entry) -> list[dict]:
     confirm = "\n".join(f"• {escape(c['text'])}" + (f" `{escape(c['command'])}`" if "command" in c else "") for c in d["confirm"])
     out.append(_section(f"*How to confirm*\n{confirm}")[0])
     fix = "\n".join(f"{i}. {escape(s['text'])}" + (f"\n      `{escape(s['command'])}`" if "command" in s else "")
+                    + (f"\n```{escape(s['code'].rstrip())}```" if "code" in s else "")
                     for i, s in enumerate(d["fix"]["steps"], 1))
     out.append(_section(f"*Fix:* {escape(d['fix']['summary'])}\n{fix}")[0])
     out.append(_section(f"*Verify:* `{escape(d['verify'])}`")[0])
