@@ -1,5 +1,5 @@
 """The diagnosis engine, pure: text streams in, a `Diagnosis` out. One streaming scan with every
 fingerprint and marker at once (scan, markers), rank/host/time of a line (context), progress
-trends (trends), redaction of what is kept (redact), root versus collateral (diagnose). Imports
-only `bot.kb`, `bot.match`, the standard library and the matcher libraries: it opens no file,
-runs no command and knows nothing of Slack, Slurm or storage."""
+trends (trends), redaction of what is kept (redact), root versus collateral (diagnose), whether
+text is a log at all (logshape). Imports only `bot.kb`, `bot.match`, the standard library and the
+matcher libraries: it opens no file, runs no command and knows nothing of Slack, Slurm or storage."""
