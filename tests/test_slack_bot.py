@@ -42,7 +42,7 @@ def test_a_pasted_log_gets_one_reply_in_its_thread(tmp_path, kb, scans):
             assert reply.params["channel"] == CHANNEL and reply.params["thread_ts"] == "1700000100.000100"
             assert "CUDA" in reply.params["text"]  # fallback text always present
             blocks = reply.params["blocks"]
-            assert blocks[0]["type"] == "header" and len(blocks) <= 50
+            assert blocks[0]["text"]["text"].startswith("```[rank3]: torch.OutOfMemoryError") and len(blocks) <= 50
             assert all(len(b.get("text", {}).get("text", "")) <= 3000 for b in blocks)
             text = _text_of(reply)
             assert "cuda-oom" in text and "rank 3" in text and "nccl-timeout" in text
@@ -229,8 +229,9 @@ def test_no_broadcast_mention_comes_out_of_a_log(tmp_path, kb, scans):
 
 
 def test_a_long_report_goes_as_a_file_in_the_thread(tmp_path, kb, scans):
-    # Each evidence line is up to 400 characters, and every < in it becomes &lt; in Slack: too long for blocks.
-    lines = [f"[rank{r}]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {r}.00 GiB. " + "<tensor>" * 100
+    # Each evidence line is up to 400 characters, and every <, & and > in it becomes an entity of 4-5 in
+    # Slack: too long for blocks.
+    lines = [f"[rank{r}]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {r}.00 GiB. " + "<&>" * 130
              for r in range(8)]
     async def scenario():
         async with running_bot(tmp_path, kb, scans) as bot:

@@ -2,7 +2,8 @@
 
 Limits: section text 3000 characters, header 150, 50 blocks a message (100 in App Home). Text that
 comes from a log is escaped (&, <, >) and broadcast mentions are defused, so no @channel, @here or
-user mention can come out of a log into a reply.
+user mention can come out of a log into a reply; inside a code block its backticks are kept apart
+by a word joiner, so a quoted ``` cannot end the block early.
 """
 from __future__ import annotations
 
@@ -18,12 +19,20 @@ BLOCKS_MAX = 50
 HOME_BLOCKS_MAX = 100
 ACTION_RESOLVE, ACTION_WRONG, ACTION_ENTRY = "incident_resolve", "incident_wrong", "entry_show"
 _BROADCAST = re.compile(r"@(channel|here|everyone)\b", re.I)
+_JOINER = "\u2060"  # WORD JOINER: invisible, and it keeps two characters from touching
+_TOUCHING_BACKTICK = re.compile(r"`(?=`)|^`|`$")
 
 
 def escape(text: str) -> str:
     """Log text made inert for mrkdwn: no markup, no links, no mentions."""
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return _BROADCAST.sub(lambda m: "@\u2060" + m.group(1), text)
+    return _BROADCAST.sub(lambda m: "@" + _JOINER + m.group(1), text)
+
+
+def code_text(text: str) -> str:
+    """Log text for the inside of a code block: escaped, and no backtick touches another one or
+    the block's fences (a quoted ``` would otherwise close the block and spill the rest as text)."""
+    return _TOUCHING_BACKTICK.sub(_JOINER + "`" + _JOINER, escape(text))
 
 
 def _clip(text: str, limit: int) -> tuple[str, bool]:
@@ -60,7 +69,25 @@ def _evidence_line(hit, d: Diagnosis) -> str:
     if hit.host:
         where.append(hit.host)
     loc = (f"{d.scan.files[hit.file]}:" if len(d.scan.files) > 1 else "") + f"{hit.line}"
-    return escape(f"{loc} {'[' + ', '.join(where) + '] ' if where else ''}{hit.text}")
+    return code_text(f"{loc} {'[' + ', '.join(where) + '] ' if where else ''}{hit.text}")
+
+
+def first_line(d: Diagnosis) -> str | None:
+    """The log line the answer stands on (redacted, as scanned): the root's first root line, else
+    the last exception, else the first error line."""
+    if d.root is not None:
+        start = ((d.initiating or {}).get("file"), (d.initiating or {}).get("line"))
+        return next((h for h in d.root.hits if (h.file, h.line) == start), d.root.first).text
+    if d.scan.last_exceptions:
+        return d.scan.last_exceptions[-1].text
+    return d.scan.first_errors[0].text if d.scan.first_errors else None
+
+
+def _headline(line: str | None, verdict: str) -> dict:
+    """The reply's first lines: the log line itself, then what it is, so a reader sees at a glance
+    whether it is the same error as last time."""
+    quoted = f"```{code_text(line)}```\n" if line else ""
+    return _section(quoted + verdict)[0]
 
 
 def _steps(f: Finding, d: Diagnosis) -> str:
@@ -100,25 +127,27 @@ def status_line(incident_row: dict | None) -> str | None:
 
 
 def diagnosis_message(d: Diagnosis, incident: dict | None) -> tuple[str, list[dict], bool]:
-    """(fallback text, blocks, whether something was cut so the full report should go as a file)."""
+    """(fallback text, blocks, whether something was cut so the full report should go as a file).
+
+    The error comes first (the matched line, then the entry), the history of that error next, the
+    explanation and the fix after them."""
     incident_id = incident["id"] if incident else None
-    blocks: list[dict] = []
-    cut = False
-    fallback = render.verdict(d)
+    line = first_line(d)
+    fallback = escape(f"{line[:200]}\n{render.verdict(d)}" if line else render.verdict(d))
     if d.root is None:
-        blocks.append({"type": "header", "text": {"type": "plain_text", "text": "No known failure found"}})
-        lines = [escape(f"{m.line}: {m.text}") for m in d.likely_errors()]
-        if lines:
+        blocks = [_headline(line, "*No known failure found*"), *_history(incident)]
+        lines = [code_text(f"{m.line}: {m.text}") for m in d.likely_errors()]
+        cut = False
+        if len(lines) > 1:
             block, cut = _code(lines, "*Most likely error lines*")
             blocks.append(block)
         blocks.append(context_block(f"Scanned {d.scan.lines:,} lines. Kept as an unknown incident for the knowledge base."))
     else:
         f = d.root
-        title = ("Consequence only: " if d.cascade_only else "") + f.entry.title
-        blocks.append({"type": "header", "text": {"type": "plain_text", "text": _clip(title, HEADER_MAX)[0]}})
-        block, _ = _section(f"*{f.entry.id}* · {escape(render.verdict(d))}\n{escape(' '.join(f.entry.data['summary'].split()))}")
-        blocks.append(block)
-        block, cut = _code([_evidence_line(h, d) for h in f.hits], "*Evidence*")
+        blocks = [_headline(line, f"*{f.entry.id}* · {escape(render.verdict(d))}"), *_history(incident),
+                  _section(escape(" ".join(f.entry.data["summary"].split())))[0]]
+        one_per_line = {(h.file, h.line): h for h in f.hits}.values()  # two fingerprints may match one line
+        block, cut = _code([_evidence_line(h, d) for h in one_per_line], "*Evidence*")
         blocks.append(block)
         context = [escape(x) for x in (render.where(d), render.progress(d)) if x]
         if context:
@@ -133,11 +162,13 @@ def diagnosis_message(d: Diagnosis, incident: dict | None) -> tuple[str, list[di
         if f.entry.related:
             blocks.append(context_block("Related: " + ", ".join(f.entry.related)))
         cut = cut or clipped
-    history = render.history_lines(incident)
-    if history:
-        blocks.append(_section("\n".join(f":repeat: {escape(line)}" for line in history))[0])
     blocks.append(_buttons(incident_id, d.root.entry.id if d.root else None))
     return fallback, blocks[:BLOCKS_MAX], cut
+
+
+def _history(incident: dict | None) -> list[dict]:
+    lines = render.history_lines(incident)
+    return [_section("\n".join(f":repeat: {escape(line)}" for line in lines))[0]] if lines else []
 
 
 def entry_blocks(entry: Entry) -> list[dict]:
