@@ -32,6 +32,14 @@ def _entry_select(deps: Deps) -> dict:
             "element": {"type": "static_select", "action_id": "value", "options": options}}
 
 
+async def _show_status(client: AsyncWebClient, deps: Deps, incident_id: int) -> None:
+    """Edit the reply to show the incident's status. A reply that went through a command's
+    response_url, or only to its user, has no message the bot may edit: the history keeps the status."""
+    message = await deps.history.call("message_for", incident_id)
+    if message is not None and message["ts"]:
+        await refresh_reply(client, deps, incident_id)
+
+
 def register(app: AsyncApp, deps: Deps) -> None:
     async def _open(client: AsyncWebClient, body: dict, view: dict) -> None:
         await client.views_open(trigger_id=body["trigger_id"], view=view)
@@ -71,7 +79,7 @@ def register(app: AsyncApp, deps: Deps) -> None:
         note = view["state"]["values"]["note"]["value"]["value"] or ""
         try:
             await deps.history.call("resolve", incident_id, note, user=body["user"]["id"])
-            await refresh_reply(client, deps, incident_id)
+            await _show_status(client, deps, incident_id)
         except Exception:  # noqa: BLE001
             await report_error(client, None, None, f"resolving incident {incident_id}")
 
@@ -85,6 +93,6 @@ def register(app: AsyncApp, deps: Deps) -> None:
         try:
             await deps.history.call("mark_wrong", incident_id, None if right == UNKNOWN else right,
                                     user=body["user"]["id"], note=note)
-            await refresh_reply(client, deps, incident_id)
+            await _show_status(client, deps, incident_id)
         except Exception:  # noqa: BLE001
             await report_error(client, None, None, f"recording feedback on incident {incident_id}")

@@ -1,11 +1,16 @@
-"""`/diagnose`: a Slurm job id, help, an entry, a search, the history, or a pasted log."""
+"""`/diagnose`: a Slurm job id, help, an entry, a search, the history, or a pasted log.
+
+A diagnosis goes to the channel (through the command's response_url where the bot is not a
+member); help, look-ups, "no known failure" and low-confidence answers go to the user only."""
 from __future__ import annotations
 
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack import blocks
+from bot.slack.answers import Answer, private_answer
 from bot.slack.replies import Deps, post_diagnosis, report_error
+from bot.slack.text import pasted_text
 from bot.sources.slurm import JobError, parse_jobid
 
 USAGE = """*Usage*
@@ -50,48 +55,56 @@ async def history_text(deps: Deps, arg: str) -> str:
 def register(app: AsyncApp, deps: Deps) -> None:
     async def ack_command(ack, command: dict) -> None:
         text = (command.get("text") or "").strip()
-        if parse_jobid(text) is not None:
-            await ack(f"Diagnosing job {text}…")
-        elif "\n" in text or len(text) > 200:
+        if "\n" in text or len(text) > 200:
             await ack("Diagnosing the pasted log…")
         else:
-            await ack()
+            await ack()  # a job says so in the channel at once (its placeholder)
 
     async def run_command(respond, command: dict, client: AsyncWebClient) -> None:
         text = (command.get("text") or "").strip()
         word, _, rest = text.partition(" ")
         channel, user = command["channel_id"], command["user_id"]
+        answer = Answer(client, respond=respond, user=user)
+
+        async def tell(reply: str, **extra) -> None:  # look-ups and help: for the user only
+            await respond(text=reply, response_type="ephemeral", **extra)
+
         try:
             if parse_jobid(text) is not None:
-                await _job(client, deps, text, channel, user, respond)
+                await _job(answer, deps, text, channel, user)
             elif "\n" in text or len(text) > 200:
-                d = await deps.scans.text(text, name="<slash command>")
-                await post_diagnosis(client, deps, d, channel, None, source="slack-command")
+                d = await deps.scans.text(pasted_text(text), name="<slash command>")
+                answer.private = private_answer(d)
+                await post_diagnosis(answer, deps, d, channel, None, source="slack-command")
             elif word == "entry" and rest.strip() in deps.kb.entries:
-                await respond(blocks=blocks.entry_blocks(deps.kb.entries[rest.strip()]), text=rest.strip())
+                await tell(rest.strip(), blocks=blocks.entry_blocks(deps.kb.entries[rest.strip()]))
             elif word == "entry":
-                await respond(f"No entry `{blocks.escape(rest.strip())}`. Try `/diagnose search <words>`.")
+                await tell(f"No entry `{blocks.escape(rest.strip())}`. Try `/diagnose search <words>`.")
             elif word == "search" and rest.strip():
                 found = search_entries(deps, rest)
                 lines = [f"• `{e.id}` {e.title}" for e in found[:15]] or ["No entry matches."]
-                await respond("*Entries*\n" + "\n".join(lines))
+                await tell("*Entries*\n" + "\n".join(lines))
             elif word == "history":
-                await respond(await history_text(deps, rest.strip()))
+                await tell(await history_text(deps, rest.strip()))
             else:
-                await respond(USAGE if word in ("", "help") else f"I don't understand `{blocks.escape(text[:100])}`.\n{USAGE}")
+                await tell(USAGE if word in ("", "help") else f"I don't understand `{blocks.escape(text[:100])}`.\n{USAGE}")
         except Exception:  # noqa: BLE001
-            await report_error(client, channel, None, f"running /diagnose {text[:40]}", user=user)
+            await report_error(answer, channel, None, f"running /diagnose {text[:40]}", user=user)
 
     app.command("/diagnose")(ack=ack_command, lazy=[run_command])
 
 
-async def _job(client: AsyncWebClient, deps: Deps, text: str, channel: str, user: str, respond) -> None:
+async def _job(answer: Answer, deps: Deps, jobid: str, channel: str, user: str) -> None:
+    """Reading Slurm can take a while: a placeholder in the channel at once, then the answer in its place."""
     from bot.sources.slurm import diagnose_job
 
+    await answer.placeholder(channel, None, f":hourglass_flowing_sand: Diagnosing job `{jobid}`: reading Slurm's "
+                                            "accounting and the end of its logs…")
     try:
-        job = await diagnose_job(deps, text, slack_user=user, channel=channel)
+        job = await diagnose_job(deps, jobid, slack_user=user, channel=channel)
     except JobError as exc:
-        await respond(f":warning: {blocks.escape(str(exc))}")
+        await answer.chat_postMessage(channel=channel, text=f":warning: {blocks.escape(str(exc))}")
         return
-    await post_diagnosis(client, deps, job.diagnosis, channel, None, source="slack-job", job=job.jobid,
+    answer.private = private_answer(job.diagnosis)
+    await post_diagnosis(answer, deps, job.diagnosis, channel, None, source="slack-job", job=job.jobid,
                          notes=job.notes)

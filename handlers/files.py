@@ -1,4 +1,5 @@
-"""Uploaded log files (`file_share`): several files in one message are one job and get one reply."""
+"""Uploaded log files (`file_share`): several files in one message are one job and get one reply.
+A message that also mentions the bot is answered once, by whichever listener claims it first."""
 from __future__ import annotations
 
 import tempfile
@@ -7,31 +8,34 @@ from pathlib import Path
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.slack.files import FetchError, fetch, is_log_file
+from bot.slack.answers import Answer, progress_text
+from bot.slack.blocks import escape
+from bot.slack.claims import claim_message
+from bot.slack.files import FetchError, Shared, fetch, sort_shared
 from bot.slack.replies import Deps, post_diagnosis, report_error
 from bot.sources.files import InputError, open_log
 
 
 def register(app: AsyncApp, deps: Deps) -> None:
     @app.event({"type": "message", "subtype": "file_share"})
-    async def on_file_share(event: dict, client: AsyncWebClient) -> None:
-        if event.get("bot_id"):
-            return
-        thread = event.get("thread_ts") or event["ts"]
-        files = [f for f in event.get("files") or [] if is_log_file(f)]
-        if not files:
+    async def on_file_share(event: dict, body: dict, client: AsyncWebClient) -> None:
+        if not event.get("bot_id"):
+            await answer_upload(client, deps, event, body.get("event_id") or "")
+
+
+async def answer_upload(client: AsyncWebClient, deps: Deps, event: dict, event_id: str) -> None:
+    """A message that shares files: its logs diagnosed as one job, one reply in its thread."""
+    channel, thread = event["channel"], event.get("thread_ts") or event["ts"]
+    answer = Answer(client)
+    try:
+        shared = await sort_shared(answer, event.get("files") or [])
+        if not shared.logs and not shared.problems:
             return  # a picture or a PDF in a channel: not ours to comment on
-        try:
-            await diagnose_shared_files(client, deps, files, event["channel"], thread)
-        except Exception:  # noqa: BLE001
-            await report_error(client, event["channel"], thread, "diagnosing the uploaded file")
-
-
-async def _complete(client: AsyncWebClient, meta: dict) -> dict:
-    """file_share events may carry a partial file object; files.info has the rest."""
-    if meta.get("url_private_download") and meta.get("name"):
-        return meta
-    return (await client.files_info(file=meta["id"]))["file"]
+        if not await claim_message(deps.history, channel, event["ts"], event_id):
+            return  # the app_mention of this same message answers it
+        await diagnose_shared(answer, deps, shared, channel, thread)
+    except Exception:  # noqa: BLE001
+        await report_error(answer, channel, thread, "diagnosing the uploaded file")
 
 
 def _not_text(path: str, name: str) -> str | None:
@@ -43,17 +47,17 @@ def _not_text(path: str, name: str) -> str | None:
         return f"{exc}: skipped. Upload the text log (.log, .out, .err, .txt or .gz)."
 
 
-async def diagnose_shared_files(client: AsyncWebClient, deps: Deps, files: list[dict], channel: str, thread: str,
-                                extra_text: str | None = None) -> None:
-    """Download every log file, diagnose them as one job, reply once in the thread."""
+async def diagnose_shared(answer: Answer, deps: Deps, shared: Shared, channel: str, thread: str,
+                          extra_text: str | None = None) -> None:
+    """Download every log file, diagnose them (and `extra_text`) as one job, reply once in the thread."""
     settings = deps.settings
+    if placeholder := progress_text(shared.logs):
+        await answer.placeholder(channel, thread, placeholder)
+    problems = list(shared.problems)
+    notes = [f"{name}: skipped, not a log file (.log .out .err .txt .gz)" for name in shared.others]
     with tempfile.TemporaryDirectory(prefix="trainmedic-") as tmp:
-        parts, notes, problems = [], [], []
-        for meta in files:
-            meta = await _complete(client, meta)
-            if not is_log_file(meta):
-                notes.append(f"{meta.get('name')}: skipped, not a log file (.log .out .err .txt .gz)")
-                continue
+        parts = []
+        for meta in shared.logs:
             try:
                 fetched = await fetch(deps.session(), meta, settings.slack_bot_token or "", Path(tmp),
                                       settings.max_download_bytes)
@@ -71,8 +75,8 @@ async def diagnose_shared_files(client: AsyncWebClient, deps: Deps, files: list[
             pasted.write_text(extra_text)
             parts.append((str(pasted), "<thread>"))
         if not parts:
-            await client.chat_postMessage(channel=channel, thread_ts=thread,
-                                          text=":warning: " + " ".join(problems or notes or ["Nothing to diagnose."]))
+            await answer.chat_postMessage(channel=channel, thread_ts=thread,
+                                          text=":warning: " + escape(" ".join(problems or notes or ["Nothing to diagnose."])))
             return
         d = await deps.scans.files(parts, max_bytes=settings.max_log_bytes)
-        await post_diagnosis(client, deps, d, channel, thread, source="slack-file", notes=problems + notes + d.warnings)
+        await post_diagnosis(answer, deps, d, channel, thread, source="slack-file", notes=problems + notes + d.warnings)

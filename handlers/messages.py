@@ -1,70 +1,86 @@
 """Pasted logs: a message that carries a failure gets the diagnosis in its thread; chatter gets silence.
-A mention (or a DM) always gets an answer, diagnosing the thread's parent and earlier replies."""
+A thread reply also sent to the channel (`thread_broadcast`) counts as a message; edits, deletions,
+joins, other bots' posts and subtypes this module does not name are ignored. A mention (or a DM)
+always gets an answer: a diagnosis when there is a log (in a mention, the thread's parent, earlier
+replies and their files), a short help otherwise."""
 from __future__ import annotations
-
-import html
-import re
 
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.engine.diagnose import Diagnosis
+from bot.engine.logshape import looks_like_log
+from bot.slack.answers import Answer
+from bot.slack.claims import claim_message
+from bot.slack.files import sort_shared
 from bot.slack.replies import Deps, post_diagnosis, report_error
-from handlers.files import diagnose_shared_files
+from bot.slack.text import message_text
+from handlers.commands import USAGE
+from handlers.files import answer_upload, diagnose_shared
 
-_MENTION = re.compile(r"<@[A-Z0-9]+>")
-
-
-def message_text(message: dict) -> str:
-    """The message's text as the user pasted it (Slack escapes &, < and >)."""
-    return html.unescape(_MENTION.sub("", message.get("text") or ""))
+HELP = ("I diagnose failing ML training and serving logs. Paste a log here (a code block is best), upload "
+        "`.log`, `.out`, `.err`, `.txt` or `.gz` files, or mention me in a thread that holds one.\n" + USAGE)
 
 
-def _ignored(event: dict) -> bool:
-    # Other bots (and ourselves: Bolt drops our own events too), edits, deletions, joins...
-    return bool(event.get("bot_id") or event.get("subtype") or event.get("hidden"))
+def is_log(d: Diagnosis, text: str) -> bool:
+    """Whether to diagnose `text` (scanned as `d`) or answer with help: a known failure, or log-shaped lines."""
+    return d.root is not None or looks_like_log(text)
 
 
 def register(app: AsyncApp, deps: Deps) -> None:
-    @app.event({"type": "message", "subtype": None})
-    async def on_message(event: dict, client: AsyncWebClient, context) -> None:
-        if _ignored(event):
-            return
+    @app.event({"type": "message", "subtype": (None, "thread_broadcast")})
+    async def on_message(event: dict, body: dict, client: AsyncWebClient, context) -> None:
+        if event.get("bot_id") or event.get("hidden"):
+            return  # other bots, and ourselves (Bolt drops our own events too)
         bot_user = context.get("bot_user_id")
         if bot_user and f"<@{bot_user}>" in (event.get("text") or ""):
             return  # the app_mention listener answers this one
+        if event.get("files"):  # a broadcast reply that shares files
+            return await answer_upload(client, deps, event, body.get("event_id") or "")
         direct = event.get("channel_type") == "im"
         thread = event.get("thread_ts") or event["ts"]
+        text = message_text(event)
         try:
-            d = await deps.scans.text(message_text(event))
-            if d.root is not None or direct:
+            d = await deps.scans.text(text)
+            if d.root is not None or (direct and is_log(d, text)):
                 await post_diagnosis(client, deps, d, event["channel"], thread, source="slack-paste")
+            elif direct:
+                await client.chat_postMessage(channel=event["channel"], text=HELP)
         except Exception:  # noqa: BLE001 - a listener's error must reach the user, not vanish in a log
             await report_error(client, event["channel"], thread, "diagnosing this message")
 
     @app.event("app_mention")
-    async def on_mention(event: dict, client: AsyncWebClient, context) -> None:
-        if event.get("bot_id"):
-            return
-        thread = event.get("thread_ts") or event["ts"]
+    async def on_mention(event: dict, body: dict, client: AsyncWebClient, context) -> None:
+        if event.get("bot_id") or event.get("subtype"):
+            return  # a bot, or a mention in a canvas (document_mention): no thread to read
+        channel, thread = event["channel"], event.get("thread_ts") or event["ts"]
+        if not await claim_message(deps.history, channel, event["ts"], body.get("event_id") or ""):
+            return  # the file_share of this same message answers it
+        answer = Answer(client)
         try:
-            await answer_thread(client, deps, event["channel"], thread, event, context.get("bot_user_id"))
+            await answer_thread(answer, deps, channel, thread, event, context.get("bot_user_id"))
         except Exception:  # noqa: BLE001
-            await report_error(client, event["channel"], thread, "diagnosing this thread")
+            await report_error(answer, channel, thread, "diagnosing this thread")
 
 
-async def answer_thread(client: AsyncWebClient, deps: Deps, channel: str, thread: str, event: dict,
+async def answer_thread(answer: Answer, deps: Deps, channel: str, thread: str, event: dict,
                         bot_user: str | None) -> None:
     """Diagnose the thread's parent, the replies before the mention, and files shared in them."""
-    resp = await client.conversations_replies(channel=channel, ts=thread, limit=200)
+    resp = await answer.conversations_replies(channel=channel, ts=thread, limit=200)
     messages = [m for m in resp.get("messages", []) if float(m["ts"]) <= float(event["ts"])] or [event]
-    texts, shared = [], []
+    texts, files = [], []
     for m in messages:
         if m.get("bot_id") or (bot_user and m.get("user") == bot_user):
             continue  # our own earlier answers are not part of the log
         texts.append(message_text(m))
-        shared += m.get("files") or []
-    if shared:
-        await diagnose_shared_files(client, deps, shared, channel, thread, extra_text="\n".join(texts))
+        files += m.get("files") or []
+    text = "\n".join(texts)
+    shared = await sort_shared(answer, files)
+    if shared.logs or shared.problems:
+        await diagnose_shared(answer, deps, shared, channel, thread, extra_text=text)
         return
-    d = await deps.scans.text("\n".join(texts), name="<thread>")
-    await post_diagnosis(client, deps, d, channel, thread, source="slack-mention")
+    d = await deps.scans.text(text, name="<thread>")
+    if is_log(d, text):
+        await post_diagnosis(answer, deps, d, channel, thread, source="slack-mention")
+    else:
+        await answer.chat_postMessage(channel=channel, thread_ts=thread, text=HELP)

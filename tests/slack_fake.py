@@ -1,6 +1,11 @@
 """A stand-in for Slack on 127.0.0.1: the Web API methods the bot calls, private file downloads
 (only with a Bearer xoxb- token; the HTML login page otherwise), the external upload flow and a
-Socket Mode websocket. Every call is recorded for the tests to assert on."""
+Socket Mode websocket. Every call is recorded for the tests to assert on.
+
+Slack's answers where the bot is not welcome: `not_member` (channel -> not_in_channel or
+channel_not_found for every post, ephemeral, edit and upload there), `file_errors` (file id ->
+what files.info answers, e.g. file_deleted), `refused_responses` (response types that the
+response_url refuses), and apps.connections.open refuses any token that is not an app token."""
 from __future__ import annotations
 
 import asyncio
@@ -33,6 +38,9 @@ class FakeSlack:
     socket_accepts: bool = True
     uploads: dict[str, bytes] = field(default_factory=dict)
     sockets: list = field(default_factory=list)
+    not_member: dict[str, str] = field(default_factory=dict)
+    file_errors: dict[str, str] = field(default_factory=dict)
+    refused_responses: set[str] = field(default_factory=set)
     _ts: itertools.count = field(default_factory=lambda: itertools.count(1))
     url: str = ""
 
@@ -112,7 +120,21 @@ class FakeSlack:
                                      status=status, headers=headers)
         if token not in (BOT_TOKEN, APP_TOKEN):
             return web.json_response({"ok": False, "error": "invalid_auth"})
+        if refusal := self._refusal(method, params, token):
+            return web.json_response({"ok": False, "error": refusal})
         return web.json_response(self._answer(method, params))
+
+    _IN_CHANNEL = ("chat.postMessage", "chat.postEphemeral", "chat.update", "chat.delete", "files.completeUploadExternal")
+
+    def _refusal(self, method: str, params: dict, token: str) -> str | None:
+        """The error Slack gives a well-formed call it will not do, or None."""
+        if method == "apps.connections.open" and not token.startswith("xapp-"):
+            return "not_allowed_token_type"
+        if method in self._IN_CHANNEL:
+            return self.not_member.get(params.get("channel") or params.get("channel_id"))
+        if method == "files.info":
+            return self.file_errors.get(params.get("file"))
+        return None
 
     def _answer(self, method: str, params: dict) -> dict:
         ok = {"ok": True}
@@ -157,7 +179,10 @@ class FakeSlack:
         return web.Response(body=LOGIN_PAGE, content_type="text/html")
 
     async def _response(self, request: web.Request) -> web.Response:
-        self.calls.append(Call("response_url", await request.json(), None))
+        message = await request.json()
+        self.calls.append(Call("response_url", message, None))
+        if message.get("response_type", "ephemeral") in self.refused_responses:
+            return web.Response(status=404, text="channel_not_found")
         return web.Response(text="ok")
 
     async def _upload(self, request: web.Request) -> web.Response:

@@ -245,8 +245,11 @@ def test_slash_command_acks_at_once_and_posts_the_job_diagnosis(slurm, tmp_path,
             started = time.monotonic()
             resp = await bot.command("8812345")
             assert resp.status == 200 and time.monotonic() - started < 3
-            [reply] = await bot.fake.wait_for("chat.postMessage")
-            assert reply.params["channel"] == CHANNEL and "thread_ts" not in reply.params
+            [placeholder] = await bot.fake.wait_for("chat.postMessage")  # said at once, in the channel
+            assert placeholder.params["channel"] == CHANNEL and "thread_ts" not in placeholder.params
+            assert "Diagnosing job `8812345`" in placeholder.params["text"]
+            [reply] = await bot.fake.wait_for("chat.update")  # the diagnosis takes its place
+            assert reply.params["channel"] == CHANNEL and reply.params["ts"] == "1700000000.000001"
             text = str(reply.params["blocks"])
             assert "slurm-cgroup-oom" in text and "--mem=88G" in text and "sacct -j 8812345" in text
             await bot.command("1;id")

@@ -4,6 +4,12 @@ A file larger than the cap is fetched as its first and last halves (HTTP Range),
 are usually at the end; a gzip is fetched whole up to the cap (its tail cannot be cut out) and the
 scanner caps the decompressed text. Slack answers a request without a valid bot token with its
 HTML login page, which is reported as such instead of being diagnosed.
+
+A shared file object is not always the file: Slack Connect sends only `{"id", "file_access":
+"check_file_info"}` (files.info has the rest), a deleted file stays in its message as a
+`"mode": "tombstone"` (files.info answers file_deleted), and the free plan hides older files as
+`"mode": "hidden_by_limit"`. Each of those gets a sentence of its own; the other files of the
+message are still diagnosed.
 """
 from __future__ import annotations
 
@@ -12,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
 
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".gz")
 _CHUNK = 1 << 16
@@ -27,10 +35,80 @@ class Fetched:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass
+class Shared:
+    """The files of a message (or a thread), sorted: what can be diagnosed and what cannot."""
+
+    logs: list[dict] = field(default_factory=list)  # complete file objects of text logs
+    problems: list[str] = field(default_factory=list)  # a sentence per file Slack will not hand over
+    others: list[str] = field(default_factory=list)  # names of files that are not logs (pictures...)
+
+
+# What files.info answers for a file that is gone, as the end of a sentence about it.
+_FILES_INFO_ERRORS = {
+    "file_deleted": "was deleted, so there is nothing to read",
+    "file_not_found": "is no longer there, or the bot may not see it",
+}
+
+
 def is_log_file(meta: dict) -> bool:
     name = (meta.get("name") or "").lower()
     return name.endswith(LOG_SUFFIXES) or meta.get("filetype") in ("text", "gzip") or \
         (meta.get("mimetype") or "").startswith("text/plain")
+
+
+def _label(meta: dict) -> str:
+    return meta["name"] if meta.get("name") else f"A file ({meta.get('id', 'no id')})"
+
+
+def unreadable(meta: dict) -> str | None:
+    """Why Slack will not hand this shared file to the bot, as a sentence; None when it will."""
+    mode, label = meta.get("mode"), _label(meta)
+    if mode == "tombstone":
+        return f"{label} was deleted, so there is nothing to read."
+    if mode == "hidden_by_limit":
+        return (f"{label} is hidden by the free plan's storage limit, and Slack lets nobody download it. "
+                "Upload the log again, or paste its last lines.")
+    if meta.get("file_access") == "access_denied":
+        return f"{label} belongs to another organisation's workspace, which does not let the bot read it."
+    if mode == "external" or meta.get("is_external"):
+        return f"{label} is stored outside Slack ({meta.get('external_type') or 'a linked service'}): upload the log itself."
+    return None
+
+
+async def complete(client: AsyncWebClient, meta: dict) -> dict:
+    """The whole file object (a shared one may be partial, as Slack Connect sends it); FetchError
+    with the sentence to show when Slack will not hand the file over."""
+    if problem := unreadable(meta):
+        raise FetchError(problem)
+    if meta.get("url_private_download") and meta.get("name") and meta.get("file_access") != "check_file_info":
+        return meta
+    try:
+        full = (await client.files_info(file=meta["id"]))["file"]
+    except SlackApiError as exc:
+        error = exc.response.get("error")
+        if error not in _FILES_INFO_ERRORS:
+            raise
+        raise FetchError(f"{_label(meta)} {_FILES_INFO_ERRORS[error]}.") from None
+    if problem := unreadable(full):
+        raise FetchError(problem)
+    return full
+
+
+async def sort_shared(client: AsyncWebClient, files: list[dict]) -> Shared:
+    """Complete every shared file object and sort the files: logs, files Slack withholds, others."""
+    out = Shared()
+    for meta in files:
+        try:
+            meta = await complete(client, meta)
+        except FetchError as exc:
+            out.problems.append(str(exc))
+            continue
+        if is_log_file(meta):
+            out.logs.append(meta)
+        else:
+            out.others.append(_label(meta))
+    return out
 
 
 def _looks_like_html(content_type: str, first: bytes) -> bool:

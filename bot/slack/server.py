@@ -59,6 +59,10 @@ async def run(settings: Settings, port: int, socket_mode: bool, host: str = "0.0
         raise ConfigError("HTTP mode needs SLACK_SIGNING_SECRET to check that requests come from Slack")
     if not settings.slack_bot_token:
         raise ConfigError("SLACK_BOT_TOKEN is not set")
+    if socket_mode:  # a refused app token ends the start here, not in a socket client's endless retries
+        from bot.slack.tokens import check_app_token
+
+        await check_app_token(settings)
     bolt, deps = await build(settings)
     socket = connecting = None
     if socket_mode:
