@@ -67,7 +67,7 @@ def _row_name(data: dict, path) -> str:
     if len(parts) >= 2 and parts[0] == "xids" and isinstance(parts[1], int):
         row = data["xids"][parts[1]]
         number = row.get("xid") if isinstance(row, dict) else None
-        rest = "".join(f".{p}" for p in parts[2:])
+        rest = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts[2:])
         return f"xids[{parts[1]}]" + (f" (Xid {number})" if number is not None else "") + rest
     return ".".join(str(p) for p in parts) or "(top level)"
 
