@@ -5,7 +5,6 @@ import json
 
 from bot.engine.diagnose import Diagnosis, Finding
 from bot.engine.scan import Hit
-from bot.kb.load import Entry
 
 MAX_LISTED = 64  # ranks/hosts listed per finding
 
@@ -25,6 +24,7 @@ def _finding_json(f: Finding, d: Diagnosis) -> dict:
         "score": f.score,
         "evidence": [_evidence(h, d) for h in f.hits],
         "fix": d.fill(f.entry.data["fix"]["summary"], f),
+        "steps": d.steps(f),
         "verify": d.fill(f.entry.data["verify"], f),
         "related": list(f.entry.related),
         "ranks": f.ranks[:MAX_LISTED],
@@ -101,15 +101,14 @@ def verdict(d: Diagnosis) -> str:
     return f"{d.root.entry.title} ({d.root.entry.id}, {confidence} confidence)"
 
 
-def _steps(entry: Entry, d: Diagnosis, f: Finding, md: bool) -> list[str]:
+def _steps(d: Diagnosis, f: Finding, md: bool) -> list[str]:
     out = []
-    for i, step in enumerate(entry.data["fix"]["steps"], 1):
-        out.append(f"{i}. {d.fill(step['text'], f)}")
-        if "command" in step:
-            cmd = d.fill(step["command"], f)
-            out.append(f"   `{cmd}`" if md else f"     $ {cmd}")
-        if "code" in step:  # a change to code or config: shown as code, never as a command
-            code = d.fill(step["code"], f).rstrip("\n")
+    for i, step in enumerate(d.steps(f), 1):
+        out.append(f"{i}. {step['text']}")
+        if step["command"]:
+            out.append(f"   `{step['command']}`" if md else f"     $ {step['command']}")
+        if step["code"]:  # a change to code or config: shown as code, never as a command
+            code = step["code"].rstrip("\n")
             out += ["   ```", *(f"   {line}" for line in code.split("\n")), "   ```"] if md else \
                 [f"     | {line}" for line in code.split("\n")]
     return out
@@ -160,7 +159,7 @@ def to_text(d: Diagnosis, markdown: bool = False, incident: dict | None = None, 
     related_hits = [x for x in d.findings[1:] if x.role == "related"]
     if related_hits:
         out += ["", h("Also seen")] + [f"  - {x.entry.id}: {x.entry.title} (line {x.first.line})" for x in related_hits]
-    out += ["", h("Fix") + " " + d.fill(f.entry.data["fix"]["summary"], f)] + _steps(f.entry, d, f, markdown)
+    out += ["", h("Fix") + " " + d.fill(f.entry.data["fix"]["summary"], f)] + _steps(d, f, markdown)
     out += ["", h("Verify") + " " + code(d.fill(f.entry.data["verify"], f))]
     if f.entry.related:
         out += ["", h("Related entries") + " " + ", ".join(f.entry.related)]

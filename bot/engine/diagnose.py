@@ -12,6 +12,7 @@ from typing import BinaryIO, Iterable
 
 from bot.engine.scan import CHUNK_BYTES, Hit, Marked, Scanner, ScanResult
 from bot.kb.load import Entry, KnowledgeBase
+from bot.kb.xids import NO_XID, Xid, XidTable
 
 WELL_SUPPORTED = 0.5  # an entry scoring below this needs more evidence to be called the cause
 WEAK = 0.3
@@ -28,6 +29,7 @@ class Finding:
     ranks: list[int]
     hosts: list[str]
     groups: dict[str, str]
+    xids: list[str]  # every Xid number its evidence names, in log order
 
     @property
     def first(self) -> Hit:
@@ -40,6 +42,7 @@ class Diagnosis:
     findings: list[Finding]
     cascade_only: bool
     scan: ScanResult
+    xid_table: XidTable
     jobid: str | None = None
     initiating: dict | None = None
     progress: dict | None = None
@@ -49,9 +52,15 @@ class Diagnosis:
         """What went wrong while reading (a truncated gzip, a capped upload)."""
         return self.scan.warnings
 
+    def xid(self, finding: Finding) -> Xid | None:
+        """The Xid that decides the finding's fix: of those its evidence names, the most disruptive action."""
+        return self.xid_table.worst(finding.xids)
+
     def fill(self, text: str, finding: Finding | None = None) -> str:
-        """Substitute {name} / {name|default} from the finding's captures and the job id."""
+        """Substitute {name} / {name|default} from the finding's captures, its Xid (knowledge/xids.yaml) and the job id."""
         values = dict(finding.groups if finding else {})
+        if finding is not None and (xid := self.xid(finding)) is not None:
+            values.update(self.xid_table.placeholders(xid))
         if self.jobid:
             values["jobid"] = self.jobid
 
@@ -59,6 +68,15 @@ class Diagnosis:
             return values.get(m.group(1)) or (m.group(2) if m.group(2) is not None else f"<{m.group(1)}>")
 
         return _PLACEHOLDER.sub(sub, text)
+
+    def steps(self, finding: Finding) -> list[dict[str, str | None]]:
+        """The finding's fix steps for this log, filled: a step with `xid_actions` only when the decisive
+        Xid's catalog action (NO_XID when the log names none) is one of them. Every renderer uses this."""
+        xid = self.xid(finding)
+        action = xid.action if xid else NO_XID
+        return [{key: self.fill(step[key], finding) if key in step else None for key in ("text", "command", "code")}
+                for step in finding.entry.data["fix"]["steps"]
+                if action in step.get("xid_actions", [action])]
 
     def likely_errors(self) -> list[Marked]:
         """The last exception lines and the first error lines: what to read when nothing matched."""
@@ -154,8 +172,9 @@ def _finding(eh: _EntryHits, role: str, spread: dict[str, tuple[set, set]]) -> F
     for h in eh.hits:
         for k, v in h.groups.items():
             groups.setdefault(k, v)
+    xids = list(dict.fromkeys(h.groups["xid"] for h in eh.hits if h.groups.get("xid")))
     ranks, hosts = spread[eh.entry.id]
-    return Finding(eh.entry, role, eh.score, picked, sorted(ranks), sorted(hosts), groups)
+    return Finding(eh.entry, role, eh.score, picked, sorted(ranks), sorted(hosts), groups, xids)
 
 
 def _spread(result: ScanResult) -> dict[str, tuple[set, set]]:
@@ -185,7 +204,7 @@ def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> 
         others.append(_finding(eh, "collateral" if collateral else "related", spread))
     others.sort(key=lambda f: (f.role != "collateral", -f.score, f.first.order))
     findings += others
-    diagnosis = Diagnosis(findings[0] if root else None, findings, cascade_only, result, jobid)
+    diagnosis = Diagnosis(findings[0] if root else None, findings, cascade_only, result, kb.xids, jobid)
     if root is not None:
         start = root.first_of("root") or root.hits[0]
         diagnosis.initiating = _initiating(root, start, present)

@@ -14,6 +14,7 @@ import yaml
 import knowledge as shipped
 from bot import __version__
 from bot.config import cache_dir
+from bot.kb import xids as xid_table
 from bot.match import engines
 
 ROLES = ("root", "cascade", "confirm")
@@ -63,6 +64,7 @@ class Entry:
 @dataclass(frozen=True)
 class KnowledgeBase:
     entries: dict[str, Entry]
+    xids: xid_table.XidTable  # NVIDIA's Xid catalog: the GPU entries' steps follow the Xid's action
 
     @property
     def fingerprints(self) -> list[Fingerprint]:
@@ -212,9 +214,14 @@ def load(folders: list[Path] | None = None) -> KnowledgeBase:
             entry = _load_file(path, cache)
             layer[entry.id] = entry
         entries.update(layer)
+    try:
+        xids = xid_table.load()
+    except xid_table.XidTableError as exc:
+        raise KnowledgeError(str(exc)) from None
     _check_links(entries)
+    _check_xid_links(entries, xids)
     cache.save()
-    return KnowledgeBase(entries)
+    return KnowledgeBase(entries, xids)
 
 
 def _check_links(entries: dict[str, Entry]) -> None:
@@ -228,3 +235,14 @@ def _check_links(entries: dict[str, Entry]) -> None:
                     )
                 if other == entry.id:
                     raise KnowledgeError(f"{entry.source}: field {key}[{i}]: an entry cannot list itself")
+
+
+def _check_xid_links(entries: dict[str, Entry], xids: xid_table.XidTable) -> None:
+    """Every step's `xid_actions` names a bucket of the table (tests/test_xids.py checks the routing)."""
+    for entry in entries.values():
+        for key, steps in (("confirm", entry.data["confirm"]), ("fix.steps", entry.data["fix"]["steps"])):
+            for i, step in enumerate(steps):
+                unknown = [a for a in step.get("xid_actions", []) if a not in xids.actions]
+                if unknown:
+                    raise KnowledgeError(f"{entry.source}: field {key}[{i}].xid_actions: {unknown} not among the actions of "
+                                         f"knowledge/xids.yaml ({', '.join(xids.actions)}); fix the spelling")

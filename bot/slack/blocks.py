@@ -65,12 +65,12 @@ def _evidence_line(hit, d: Diagnosis) -> str:
 
 def _steps(f: Finding, d: Diagnosis) -> str:
     lines = [f"*Fix:* {escape(d.fill(f.entry.data['fix']['summary'], f))}"]
-    for i, step in enumerate(f.entry.data["fix"]["steps"], 1):
-        line = f"{i}. {escape(d.fill(step['text'], f))}"
-        if "command" in step:
-            line += f"\n      `{escape(d.fill(step['command'], f))}`"
-        if "code" in step:
-            line += f"\n```{escape(d.fill(step['code'], f).rstrip())}```"
+    for i, step in enumerate(d.steps(f), 1):
+        line = f"{i}. {escape(step['text'])}"
+        if step["command"]:
+            line += f"\n      `{escape(step['command'])}`"
+        if step["code"]:
+            line += f"\n```{escape(step['code'].rstrip())}```"
         lines.append(line)
     return "\n".join(lines)
 
