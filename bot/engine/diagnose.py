@@ -16,6 +16,9 @@ from bot.kb.load import Entry, KnowledgeBase
 
 WELL_SUPPORTED = 0.5  # an entry scoring below this needs more evidence to be called the cause
 WEAK = 0.3
+# Confidence words, set from labelled real logs (`trainmedic kb score`): "high" must be right at
+# least 19 times in 20. A consequence-only answer is never more than "low".
+HIGH, MEDIUM = 0.8, 0.5
 MAX_EVIDENCE = 6
 _PLACEHOLDER = re.compile(r"\{(\w+)(?:\|([^{}]*))?\}")
 _ANGLE = re.compile(r"<([a-z][a-z _-]{0,20})>", re.I)  # <node>, <failed node>, <gpu index>
@@ -47,6 +50,15 @@ class Diagnosis:
     jobid: str | None = None
     initiating: dict | None = None
     progress: dict | None = None
+
+    @property
+    def confidence(self) -> str | None:
+        """"high", "medium" or "low" for the root; None when nothing was found."""
+        if self.root is None:
+            return None
+        if self.cascade_only or self.root.score < MEDIUM:
+            return "low"
+        return "high" if self.root.score >= HIGH else "medium"
 
     @property
     def warnings(self) -> list[str]:
