@@ -41,6 +41,7 @@ def to_json(d: Diagnosis, incident: dict | None = None, notes: list[str] | None 
             initiating["file"] = d.scan.files[d.initiating["file"]]
     return {
         "root": d.root.entry.id if d.root else None,
+        "confidence": d.confidence,
         "findings": [_finding_json(f, d) for f in d.findings],
         "initiating": initiating,
         "progress": d.progress,
@@ -94,11 +95,10 @@ def verdict(d: Diagnosis) -> str:
     """One sentence: what broke."""
     if d.root is None:
         return "No known failure found."
-    confidence = "high" if d.root.score >= 0.8 else "medium" if d.root.score >= 0.5 else "low"
     if d.cascade_only:
         return (f"Only a consequence was found: {d.root.entry.title} ({d.root.entry.id}). "
                 "The initiating failure is not in this text: look at the earliest error of the first rank or host that failed.")
-    return f"{d.root.entry.title} ({d.root.entry.id}, {confidence} confidence)"
+    return f"{d.root.entry.title} ({d.root.entry.id}, {d.confidence} confidence)"
 
 
 def _steps(d: Diagnosis, f: Finding, md: bool) -> list[str]:

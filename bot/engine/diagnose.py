@@ -10,14 +10,21 @@ import re
 from dataclasses import dataclass
 from typing import BinaryIO, Iterable
 
+from bot.engine import fallback
 from bot.engine.scan import CHUNK_BYTES, Hit, Marked, Scanner, ScanResult
 from bot.kb.load import Entry, KnowledgeBase
 from bot.kb.xids import NO_XID, Xid, XidTable
 
 WELL_SUPPORTED = 0.5  # an entry scoring below this needs more evidence to be called the cause
 WEAK = 0.3
+# Confidence words, set from labelled real logs (`trainmedic kb score`): "high" must be right at
+# least 19 times in 20. A consequence-only answer is never more than "low".
+HIGH, MEDIUM = 0.8, 0.5
 MAX_EVIDENCE = 6
 _PLACEHOLDER = re.compile(r"\{(\w+)(?:\|([^{}]*))?\}")
+_ANGLE = re.compile(r"<([a-z][a-z _-]{0,20})>", re.I)  # <node>, <failed node>, <gpu index>
+_ALIASES = {"host": "node", "hostname": "node", "nodename": "node", "failed node": "node", "bad node": "node",
+            "job id": "jobid", "job-id": "jobid", "gpu index": "gpu", "gpu-index": "gpu", "gpu id": "gpu"}
 
 
 @dataclass
@@ -48,6 +55,15 @@ class Diagnosis:
     progress: dict | None = None
 
     @property
+    def confidence(self) -> str | None:
+        """"high", "medium" or "low" for the root; None when nothing was found."""
+        if self.root is None:
+            return None
+        if self.cascade_only or self.root.score < MEDIUM:
+            return "low"
+        return "high" if self.root.score >= HIGH else "medium"
+
+    @property
     def warnings(self) -> list[str]:
         """What went wrong while reading (a truncated gzip, a capped upload)."""
         return self.scan.warnings
@@ -56,18 +72,34 @@ class Diagnosis:
         """The Xid that decides the finding's fix: of those its evidence names, the most disruptive action."""
         return self.xid_table.worst(finding.xids)
 
-    def fill(self, text: str, finding: Finding | None = None) -> str:
-        """Substitute {name} / {name|default} from the finding's captures, its Xid (knowledge/xids.yaml) and the job id."""
+    def facts(self, finding: Finding | None = None) -> dict[str, str]:
+        """What the log says that a fix can name: the finding's captures, its Xid (knowledge/xids.yaml),
+        its node, the job id."""
         values = dict(finding.groups if finding else {})
         if finding is not None and (xid := self.xid(finding)) is not None:
             values.update(self.xid_table.placeholders(xid))
+        if finding is not None and "node" not in values:
+            node = (self.initiating or {}).get("host") if finding is self.root else None
+            node = node or next((h.host for h in finding.hits if h.host), None)
+            if node:
+                values["node"] = node
         if self.jobid:
             values["jobid"] = self.jobid
+        return values
+
+    def fill(self, text: str, finding: Finding | None = None) -> str:
+        """Substitute {name} / {name|default}, and `<node>`-style placeholders the log can fill,
+        from the finding's captures, its node and the job id; the rest is left for the reader."""
+        values = self.facts(finding)
 
         def sub(m: re.Match) -> str:
             return values.get(m.group(1)) or (m.group(2) if m.group(2) is not None else f"<{m.group(1)}>")
 
-        return _PLACEHOLDER.sub(sub, text)
+        def angle(m: re.Match) -> str:
+            name = _ALIASES.get(m.group(1).lower(), m.group(1).lower())
+            return values.get(name) or m.group(0)
+
+        return _ANGLE.sub(angle, _PLACEHOLDER.sub(sub, text))
 
     def steps(self, finding: Finding) -> list[dict[str, str | None]]:
         """The finding's fix steps for this log, filled: a step with `xid_actions` only when the decisive
@@ -80,7 +112,8 @@ class Diagnosis:
 
     def likely_errors(self) -> list[Marked]:
         """The last exception lines and the first error lines: what to read when nothing matched."""
-        seen, out = set(), []
+        seen = {h.order for f in self.findings for h in f.hits}
+        out = []
         for m in list(self.scan.last_exceptions)[-3:] + self.scan.first_errors:
             if (m.file, m.line) not in seen:
                 seen.add((m.file, m.line))
@@ -159,15 +192,15 @@ def _pick_root(present: dict[str, _EntryHits]) -> tuple[_EntryHits | None, bool]
 
 
 def _finding(eh: _EntryHits, role: str, spread: dict[str, tuple[set, set]]) -> Finding:
-    picked: list[Hit] = []
-    for fp_first in {h.fingerprint: h for h in reversed(eh.hits)}.values():
-        picked.append(fp_first)  # the first hit of each fingerprint
-    for h in eh.hits:
-        if len(picked) >= MAX_EVIDENCE:
+    # The first hit of each fingerprint, then the others in log order; a line matched by several
+    # fingerprints is one line of evidence.
+    firsts = list({h.fingerprint: h for h in reversed(eh.hits)}.values())
+    by_line: dict[tuple[int, int], Hit] = {}
+    for h in firsts + eh.hits:
+        if len(by_line) >= MAX_EVIDENCE:
             break
-        if h not in picked:
-            picked.append(h)
-    picked = sorted(picked[:MAX_EVIDENCE], key=lambda h: h.order)
+        by_line.setdefault(h.order, h)
+    picked = sorted(by_line.values(), key=lambda h: h.order)
     groups: dict[str, str] = {}
     for h in eh.hits:
         for k, v in h.groups.items():
@@ -190,6 +223,10 @@ def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> 
     """Root, collateral and related findings from one scan."""
     present = _group_by_entry(kb, result)
     root, cascade_only = _pick_root(present)
+    if (root is None or cascade_only and root.entry.wrapper) and fallback.add_last_exception(kb, result):
+        # Only a wrapper (or nothing) reported the failure: the child's own exception says more.
+        present = _group_by_entry(kb, result)
+        root, cascade_only = _pick_root(present)
     spread = _spread(result)
     findings: list[Finding] = []
     if root is not None:
@@ -221,13 +258,18 @@ NEARBY_LINES = 5  # a line this close after the root's first hit may name where 
 
 
 def _initiating(root: _EntryHits, start: Hit, present: dict[str, _EntryHits]) -> dict:
-    """Rank and host of the root's first hit `start`; failing that, of its other hits, then of lines
-    printed right after it (slurmstepd names no node, the `srun: error: node: task N` line does)."""
-    nearby = [h for eh in present.values() for h in eh.hits
-              if h.file == start.file and start.line <= h.line <= start.line + NEARBY_LINES]
-    candidates = [start] + root.hits + sorted(nearby, key=lambda h: h.order)
-    rank = next((h.rank for h in candidates if h.rank is not None), None)
-    host = next((h.host for h in candidates if h.host), None)
+    """Rank and host of the root's first hit `start`; failing that, of its other hits, then what a
+    launcher's failure summary names (torchrun's "Root Cause" table: `rank : 3`, `host : node12`),
+    then lines printed right after it (slurmstepd names no node, `srun: error: node: task N` does)."""
+    nearby = sorted((h for eh in present.values() for h in eh.hits
+                     if h.file == start.file and start.line <= h.line <= start.line + NEARBY_LINES), key=lambda h: h.order)
+    summary = [h for eh in present.values() if "cascade" in eh.roles for h in eh.hits]
+    own = [start] + root.hits
+    ranks = [h.rank for h in own] + [int(h.groups["rank"]) for h in summary if h.groups.get("rank", "").isdigit()] \
+        + [h.rank for h in nearby]
+    hosts = [h.host for h in own] + [h.groups.get("node") for h in summary] + [h.host for h in nearby]
+    rank = next((r for r in ranks if r is not None), None)
+    host = next((h for h in hosts if h), None)
     return {"rank": rank, "host": host, "line": start.line, "file": start.file}
 
 

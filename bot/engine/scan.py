@@ -21,6 +21,7 @@ CHUNK_BYTES = 16 << 20
 MAX_HIT_LINE = 64 << 10  # bytes of a hit line that are examined
 EVIDENCE_CHARS = 400
 KEEP_HITS = 5  # first and last hits kept per fingerprint
+KEEP_EXCEPTIONS = 8  # last exception lines kept: wrappers print several after the child's own
 KEEP_SPREAD = 4096  # distinct ranks/hosts remembered per fingerprint
 ITERATION_TAIL = 256 << 10  # bytes at the end of a chunk searched for its last iteration line
 TAIL_BYTES = 128 << 10  # bytes at the end of a file read for progress trends (~1000 lines)
@@ -89,7 +90,8 @@ class ScanResult:
     checkpoint: str | None = None
     tracebacks: int = 0
     first_errors: list[Marked] = field(default_factory=list)
-    last_exceptions: deque = field(default_factory=lambda: deque(maxlen=KEEP_HITS))
+    last_exceptions: deque = field(default_factory=lambda: deque(maxlen=KEEP_EXCEPTIONS))
+    file_lines: list[int] = field(default_factory=list)  # lines of each file, in `files` order
     warnings: list[str] = field(default_factory=list)
 
 
@@ -150,6 +152,7 @@ class Scanner:
             tail = (tail + bytes(view[:carry]))[-TAIL_BYTES:]
         view.release()
         result.lines += lines
+        result.file_lines.append(lines)
         self._trends(tail, lines, file_no, result)
         return result
 

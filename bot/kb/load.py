@@ -60,6 +60,11 @@ class Entry:
     def caused_by(self) -> list[str]:
         return self.data["caused_by"]
 
+    @property
+    def wrapper(self) -> bool:
+        """Tagged `wrapper`: it reports that a child process failed and says nothing of why."""
+        return "wrapper" in self.data["tags"]
+
 
 @dataclass(frozen=True)
 class KnowledgeBase:

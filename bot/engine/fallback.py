@@ -1,0 +1,62 @@
+"""A failed run that no entry explains is still answered: with the run's own last exception.
+
+A run that died on an exception the knowledge base has no entry for (`KeyError: 'SLURM_NTASKS'`
+of a custom class, `RuntimeError: Found dtype Half but expected Float`) must not get silence.
+Entries that declare a `last-exception` detector (python-user-code-error) take that line as a weak
+root, when the log shows that the run failed of it: a launcher or the scheduler reported a
+failure after it (a cascade fingerprint hit: ChildFailedError, `srun: error: ... Exited with exit
+code 1`), or it is among the last lines of its file. An exception handled in the middle of a
+healthy run is followed by more training and stays silent; an exception line that a fingerprint
+matched is that entry's to explain, and a wrapper's own exception (ChildFailedError,
+CalledProcessError) is never the answer.
+"""
+from __future__ import annotations
+
+import re
+
+from bot.engine.context import line_context
+from bot.engine.scan import FingerprintHits, Hit, Marked, ScanResult
+from bot.kb.load import KnowledgeBase
+
+LAST_EXCEPTION = "last-exception"
+END_LINES = 40  # an exception this close to the end of its file ended the run
+_TYPE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception))(?=:|\s*$)")
+
+
+def _matched_lines(result: ScanResult, roles: tuple[str, ...]) -> list[tuple[int, int]]:
+    return [h.order for fp, fph in result.hits.items() if fp.role in roles for h in fph.hits]
+
+
+def _ended_the_run(m: Marked, result: ScanResult, cascades: list[tuple[int, int]]) -> bool:
+    near_end = m.line > result.file_lines[m.file] - END_LINES if m.file < len(result.file_lines) else False
+    return near_end or any(order > (m.file, m.line) for order in cascades)
+
+
+def last_exception(result: ScanResult) -> Marked | None:
+    """The exception that ended a failed run, when no fingerprint matched it; None otherwise."""
+    if not result.tracebacks:
+        return None  # an error line without a traceback is not an uncaught Python exception
+    matched = set(_matched_lines(result, ("root", "cascade", "confirm")))
+    cascades = _matched_lines(result, ("cascade",))
+    for m in reversed(result.last_exceptions):
+        if (m.file, m.line) in matched:
+            continue  # a wrapper's exception, or a line a known entry already explains
+        return m if _ended_the_run(m, result, cascades) else None
+    return None
+
+
+def add_last_exception(kb: KnowledgeBase, result: ScanResult) -> bool:
+    """Record the run's last exception as a hit of every `last-exception` detector; True if one was added."""
+    detectors = kb.detectors(LAST_EXCEPTION)
+    m = last_exception(result) if detectors else None
+    if m is None:
+        return False
+    ctx = line_context(m.text)
+    kind = _TYPE.search(m.text)
+    groups = {"exception": kind.group(1)} if kind else {}
+    for fp in detectors:
+        hit = Hit(fingerprint=fp, file=m.file, line=m.line, text=m.text, rank=ctx.rank, host=ctx.host,
+                  time=ctx.time, time_key=ctx.time_key, groups=groups,
+                  iteration=result.iteration, checkpoint=result.checkpoint)  # the last seen: the run ended here
+        result.hits.setdefault(fp, FingerprintHits()).add(hit)
+    return True

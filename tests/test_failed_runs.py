@@ -1,0 +1,100 @@
+"""A failed run is never answered with silence, wrappers never win over their child, and the
+reply uses what the log says (issue: diagnosis that holds on logs nobody here has seen)."""
+import json
+
+from conftest import run_cli, write
+
+TABLE = """\
+E0501 10:00:05.123000 1234 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: {code}) local_rank: 0 (pid: 4242) of binary: /usr/bin/python
+Traceback (most recent call last):
+  File "/usr/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2024-05-01_10:00:05
+  host      : gpu-node-17
+  rank      : 5 (local_rank: 0)
+  exitcode  : {code} (pid: 4242)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+PROGRESS = "".join(f"[2024-05-01 09:{i // 60:02d}:{i % 60:02d},000] INFO step={i} loss={2.5 - i / 1000:.3f}\n" for i in range(200))
+CHILD = """\
+Traceback (most recent call last):
+  File "/workspace/train.py", line 88, in <module>
+    main()
+  File "/workspace/model.py", line 61, in forward
+    x = self.proj(batch)
+RuntimeError: Found dtype Half but expected Float
+"""
+
+
+def test_an_unknown_exception_under_childfailederror_is_the_answer(diagnoser):
+    d = diagnoser.diagnose_text(PROGRESS + CHILD + TABLE.format(code=1))
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    assert not d.cascade_only
+    assert d.root.first.text == "RuntimeError: Found dtype Half but expected Float"
+    assert d.root.groups["exception"] == "RuntimeError"
+    roles = {f.entry.id: f.role for f in d.findings}
+    assert roles["torchelastic-child-failed"] == "collateral"
+    # torchrun's table names where it happened when the child's own line does not
+    assert d.initiating["rank"] == 5 and d.initiating["host"] == "gpu-node-17"
+    assert d.progress["iteration"] == 199
+
+
+def test_an_exception_that_ends_the_log_is_the_answer(diagnoser):
+    d = diagnoser.diagnose_text(PROGRESS + CHILD)
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    assert d.root.score < 0.5  # an honest, low confidence
+
+
+def test_a_handled_exception_in_a_healthy_run_stays_silent(diagnoser):
+    handled = "WARNING could not log to wandb, will retry:\n" + CHILD
+    d = diagnoser.diagnose_text(PROGRESS + handled + PROGRESS.replace("09:", "10:") + "Training completed.\n")
+    assert d.root is None and d.findings == []
+
+
+def test_an_error_line_without_a_traceback_is_not_an_uncaught_exception(diagnoser):
+    d = diagnoser.diagnose_text(PROGRESS + "ERROR: ConfigMergeError: bad value in config, using the default\n")
+    assert d.root is None
+
+
+def test_the_wrapper_alone_is_a_consequence(diagnoser):
+    d = diagnoser.diagnose_text(PROGRESS + TABLE.format(code=1))
+    assert d.root is not None and d.root.entry.id == "torchelastic-child-failed" and d.cascade_only
+
+
+def test_an_informative_consequence_is_not_replaced_by_an_unknown_exception(diagnoser):
+    log = PROGRESS + """Traceback (most recent call last):
+  File "/home/u/train.py", line 201, in <module>
+    dist.barrier(group=cpu_group)
+RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [10.1.4.22]:43021: Connection reset by peer
+RuntimeError: [/opt/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv operation to complete
+"""
+    d = diagnoser.diagnose_text(log)
+    assert d.root is not None and d.root.entry.id == "nccl-timeout"
+
+
+def test_an_evidence_line_appears_once(tmp_path):
+    line = ("[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+            "GPU 0 has a total capacity of 79.15 GiB of which 310.00 MiB is free.\n")
+    log = write(tmp_path / "oom.log", line)
+    out = json.loads(run_cli("diagnose", "--no-record", "--format", "json", str(log)).stdout)
+    shown = [e["text"] for f in out["findings"] for e in f["evidence"]] + [e["text"] for e in out["likely_errors"]]
+    assert shown.count(line.strip()) == 1, shown
+    text = run_cli("diagnose", "--no-record", str(log)).stdout.decode()
+    assert text.count("CUDA out of memory. Tried to allocate 2.00 GiB") == 1
+
+
+def test_the_fix_names_the_node_the_log_names(diagnoser):
+    log = "Jun 02 03:12:07 gpu-node-17 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=88123, name=python, GPU has fallen off the bus.\n"
+    d = diagnoser.diagnose_text(log)
+    assert d.root is not None and d.initiating["host"] == "gpu-node-17"
+    commands = [d.fill(s["command"], d.root) for s in d.root.entry.data["fix"]["steps"] if "command" in s]
+    assert any("gpu-node-17" in c for c in commands), commands
+    assert not any("<node>" in c for c in commands), commands
