@@ -2,6 +2,8 @@
 reply uses what the log says (issue: diagnosis that holds on logs nobody here has seen)."""
 import json
 
+import pytest
+
 from conftest import run_cli, write
 
 TABLE = """\
@@ -98,3 +100,31 @@ def test_the_fix_names_the_node_the_log_names(diagnoser):
     commands = [d.fill(s["command"], d.root) for s in d.root.entry.data["fix"]["steps"] if "command" in s]
     assert any("gpu-node-17" in c for c in commands), commands
     assert not any("<node>" in c for c in commands), commands
+
+
+def test_a_bare_killed_at_the_end_names_the_oom_killer(diagnoser):
+    d = diagnoser.diagnose_text(PROGRESS + "Killed\n")
+    assert d.root is not None and d.root.entry.id == "host-oom-kill"
+    assert d.confidence == "low"
+    assert any("journalctl -k" in s.get("command", "") for s in d.root.entry.data["confirm"])
+
+
+def test_a_killed_word_mid_run_is_not_a_death(diagnoser):
+    d = diagnoser.diagnose_text("Killed\n" + PROGRESS + "Training completed.\n")
+    assert d.root is None
+
+
+@pytest.mark.parametrize("code, signal, entry, confidence", [
+    (-9, "Signal 9 (SIGKILL)", "host-oom-kill", "low"),  # a kill from outside: most often the OOM killer
+    (-11, "Signal 11 (SIGSEGV)", "segfault", "medium"),  # the child did segfault; where is the question
+    (-6, "Signal 6 (SIGABRT)", "process-aborted", "low"),
+])
+def test_the_exit_code_in_torchruns_table_names_how_the_child_died(diagnoser, code, signal, entry, confidence):
+    table = TABLE.format(code=code).replace(
+        "traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+        f"traceback : {signal} received by PID 4242")
+    d = diagnoser.diagnose_text(PROGRESS + table)
+    assert d.root is not None and d.root.entry.id == entry
+    assert d.confidence == confidence
+    assert d.initiating["rank"] == 5 and d.initiating["host"] == "gpu-node-17"
+    assert {f.entry.id: f.role for f in d.findings}["torchelastic-child-failed"] == "collateral"

@@ -59,7 +59,8 @@ class Diagnosis:
         """"high", "medium" or "low" for the root; None when nothing was found."""
         if self.root is None:
             return None
-        if self.cascade_only or self.root.score < MEDIUM:
+        inferred = all(h.fingerprint.role == "confirm" for h in self.root.hits)
+        if self.cascade_only or inferred or self.root.score < MEDIUM:
             return "low"
         return "high" if self.root.score >= HIGH else "medium"
 
@@ -139,19 +140,28 @@ def _noisy_or(strengths: Iterable[float]) -> float:
     return round(1.0 - miss, 3)
 
 
-def _group_by_entry(kb: KnowledgeBase, result: ScanResult) -> dict[str, _EntryHits]:
+def _group_by_entry(kb: KnowledgeBase, result: ScanResult) -> tuple[dict[str, _EntryHits], dict[str, _EntryHits]]:
+    """(entries with a root or cascade hit, entries hit only by confirmations)."""
     grouped: dict[str, list] = {}
     for fp, fph in result.hits.items():
         grouped.setdefault(fp.entry, []).append((fp, fph))
-    out = {}
+    present, confirmed = {}, {}
     for entry_id, items in grouped.items():
         roles = {fp.role for fp, _ in items}
-        if roles == {"confirm"}:
-            continue  # a confirmation proves nothing alone
         hits = sorted((h for _, fph in items for h in fph.hits), key=lambda h: h.order)
         score = _noisy_or(fp.strength for fp, _ in items)
-        out[entry_id] = _EntryHits(kb.get(entry_id), hits, roles, score)
-    return out
+        # A confirmation proves nothing alone: such an entry only answers a failed run nothing else explains.
+        (confirmed if roles == {"confirm"} else present)[entry_id] = _EntryHits(kb.get(entry_id), hits, roles, score)
+    return present, confirmed
+
+
+def _confirmed_failure(confirmed: dict[str, _EntryHits], result: ScanResult) -> _EntryHits | None:
+    """A failed run that only confirmations name (a bare `Killed`, exit status 137, torchrun's
+    `exitcode: -9`: fingerprints marked `ends_run`): the best-supported entry whose death line the
+    run ended on; never a wrapper."""
+    ended = [e for e in confirmed.values() if not e.entry.wrapper and any(
+        h.fingerprint.ends_run and fallback.ended_the_run(h.file, h.line, result) for h in e.hits)]
+    return max(ended, key=lambda e: (e.score, -e.hits[0].order[0], -e.hits[0].order[1]), default=None)
 
 
 def _earliest(candidates: list[_EntryHits], roles: tuple[str, ...]) -> _EntryHits:
@@ -221,12 +231,16 @@ def _spread(result: ScanResult) -> dict[str, tuple[set, set]]:
 
 def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> Diagnosis:
     """Root, collateral and related findings from one scan."""
-    present = _group_by_entry(kb, result)
+    present, confirmed = _group_by_entry(kb, result)
     root, cascade_only = _pick_root(present)
-    if (root is None or cascade_only and root.entry.wrapper) and fallback.add_last_exception(kb, result):
-        # Only a wrapper (or nothing) reported the failure: the child's own exception says more.
-        present = _group_by_entry(kb, result)
-        root, cascade_only = _pick_root(present)
+    if root is None or cascade_only and root.entry.wrapper:
+        # Only a wrapper (or nothing) reported the failure: the child's own exception says more,
+        # and failing that, what confirms how it died (a SIGKILL from outside, a segfault).
+        if fallback.add_last_exception(kb, result):
+            present, confirmed = _group_by_entry(kb, result)
+            root, cascade_only = _pick_root(present)
+        elif (named := _confirmed_failure(confirmed, result)) is not None:
+            root, cascade_only = named, False
     spread = _spread(result)
     findings: list[Finding] = []
     if root is not None:
@@ -258,16 +272,16 @@ NEARBY_LINES = 5  # a line this close after the root's first hit may name where 
 
 
 def _initiating(root: _EntryHits, start: Hit, present: dict[str, _EntryHits]) -> dict:
-    """Rank and host of the root's first hit `start`; failing that, of its other hits, then what a
-    launcher's failure summary names (torchrun's "Root Cause" table: `rank : 3`, `host : node12`),
-    then lines printed right after it (slurmstepd names no node, `srun: error: node: task N` does)."""
+    """Rank and host of the root's first hit `start`; failing that, what a launcher's failure summary
+    names (torchrun's "Root Cause" table: `rank : 3`, `host : node12`; a `local_rank` elsewhere is not
+    the rank), then the root's other hits and the lines printed right after it (slurmstepd names no
+    node, `srun: error: node: task N` does)."""
     nearby = sorted((h for eh in present.values() for h in eh.hits
                      if h.file == start.file and start.line <= h.line <= start.line + NEARBY_LINES), key=lambda h: h.order)
     summary = [h for eh in present.values() if "cascade" in eh.roles for h in eh.hits]
-    own = [start] + root.hits
-    ranks = [h.rank for h in own] + [int(h.groups["rank"]) for h in summary if h.groups.get("rank", "").isdigit()] \
-        + [h.rank for h in nearby]
-    hosts = [h.host for h in own] + [h.groups.get("node") for h in summary] + [h.host for h in nearby]
+    ranks = [start.rank] + [int(h.groups["rank"]) for h in summary if h.groups.get("rank", "").isdigit()] \
+        + [h.rank for h in root.hits + nearby]
+    hosts = [start.host] + [h.groups.get("node") for h in summary] + [h.host for h in root.hits + nearby]
     rank = next((r for r in ranks if r is not None), None)
     host = next((h for h in hosts if h), None)
     return {"rank": rank, "host": host, "line": start.line, "file": start.file}

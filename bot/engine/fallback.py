@@ -27,9 +27,11 @@ def _matched_lines(result: ScanResult, roles: tuple[str, ...]) -> list[tuple[int
     return [h.order for fp, fph in result.hits.items() if fp.role in roles for h in fph.hits]
 
 
-def _ended_the_run(m: Marked, result: ScanResult, cascades: list[tuple[int, int]]) -> bool:
-    near_end = m.line > result.file_lines[m.file] - END_LINES if m.file < len(result.file_lines) else False
-    return near_end or any(order > (m.file, m.line) for order in cascades)
+def ended_the_run(file: int, line: int, result: ScanResult) -> bool:
+    """Whether the run ended on this line: a launcher or the scheduler reported a failure after it
+    (a cascade hit), or it is among the last lines of its file."""
+    near_end = file < len(result.file_lines) and line > result.file_lines[file] - END_LINES
+    return near_end or any(order > (file, line) for order in _matched_lines(result, ("cascade",)))
 
 
 def last_exception(result: ScanResult) -> Marked | None:
@@ -37,11 +39,10 @@ def last_exception(result: ScanResult) -> Marked | None:
     if not result.tracebacks:
         return None  # an error line without a traceback is not an uncaught Python exception
     matched = set(_matched_lines(result, ("root", "cascade", "confirm")))
-    cascades = _matched_lines(result, ("cascade",))
     for m in reversed(result.last_exceptions):
         if (m.file, m.line) in matched:
             continue  # a wrapper's exception, or a line a known entry already explains
-        return m if _ended_the_run(m, result, cascades) else None
+        return m if ended_the_run(m.file, m.line, result) else None
     return None
 
 

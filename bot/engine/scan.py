@@ -96,7 +96,8 @@ class ScanResult:
 
 
 def _line(data, end: int, cut: int) -> str:
-    """The decoded line of data[:cut] that contains offset `end` (at most MAX_HIT_LINE bytes)."""
+    """The decoded line of data[:cut] that contains offset `end` (at most MAX_HIT_LINE bytes); a
+    newline belongs to the line it ends."""
     start = data.rfind(b"\n", 0, end) + 1
     stop = data.find(b"\n", end, cut)
     stop = cut if stop == -1 else stop
@@ -209,6 +210,7 @@ class Scanner:
         line_no = lines + 1
         seen: dict[int, int] = {}
         for end, pid in hits:
+            end -= 1  # the match's last byte: a pattern ending in `\s` may end on its line's newline
             start = data.rfind(b"\n", 0, end) + 1
             if seen.get(pid) == start:
                 continue  # the same pattern ending again on the same line

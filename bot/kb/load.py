@@ -33,6 +33,7 @@ class Fingerprint:
     strength: float
     meaning: str
     ignorecase: bool = False
+    ends_run: bool = False  # a confirmation saying the process died (knowledge/README.md)
     detector: str | None = None  # a bot/engine/trends.py kind instead of a regex
 
     @property
