@@ -3,7 +3,6 @@ reply uses what the log says (issue: diagnosis that holds on logs nobody here ha
 import json
 
 import pytest
-
 from conftest import run_cli, write
 
 TABLE = """\
