@@ -127,3 +127,34 @@ def test_the_exit_code_in_torchruns_table_names_how_the_child_died(diagnoser, co
     assert d.confidence == confidence
     assert d.initiating["rank"] == 5 and d.initiating["host"] == "gpu-node-17"
     assert {f.entry.id: f.role for f in d.findings}["torchelastic-child-failed"] == "collateral"
+
+
+@pytest.mark.parametrize("report, entry", [
+    ("[2024-03-01 10:00:01,000] [ERROR] [launch.py:324:sigkill_handler] ['/usr/bin/python3', '-u', 'train.py', "
+     "'--local_rank=0'] exits with return code = -9", "host-oom-kill"),
+    ("mpirun noticed that process rank 1 with PID 4242 on node gpu-node-17 exited on signal 6 (Aborted).",
+     "process-aborted"),
+])
+def test_a_signal_a_launcher_reports_names_how_the_child_died(diagnoser, report, entry):
+    d = diagnoser.diagnose_text(PROGRESS + report + "\n")
+    assert d.root is not None and d.root.entry.id == entry and d.confidence == "low"
+    assert d.root.first.text == report  # the launcher's line is the evidence
+
+
+def test_a_plain_exit_code_leaves_the_wrapper_as_the_answer(diagnoser):
+    report = ("[2024-03-01 10:00:01,000] [ERROR] [launch.py:324:sigkill_handler] ['/usr/bin/python3', '-u', 'train.py', "
+              "'--local_rank=0'] exits with return code = 1")
+    d = diagnoser.diagnose_text(PROGRESS + report + "\n")
+    assert d.root is not None and d.root.entry.id == "launcher-subprocess-failed" and d.cascade_only
+
+
+def test_a_failure_the_launcher_restarted_from_is_not_the_answer(diagnoser):
+    restart = (
+        "E0611 02:20:09.402000 881 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9) "
+        "local_rank: 0 (pid: 9021) of binary: /usr/bin/python3\n"
+        "[2024-06-11 02:20:10,001] torch.distributed.elastic.agent.server.api: [INFO] [default] Worker group FAILED. "
+        "2/3 attempts left; will restart worker group\n")
+    d = diagnoser.diagnose_text(PROGRESS + restart + PROGRESS.replace("09:", "10:"))
+    assert d.root is None and d.findings == []
+    # without the restart the same line ends the run and names the kill
+    assert diagnoser.diagnose_text(PROGRESS + restart.splitlines(True)[0]).root.entry.id == "host-oom-kill"

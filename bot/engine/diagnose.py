@@ -155,13 +155,50 @@ def _group_by_entry(kb: KnowledgeBase, result: ScanResult) -> tuple[dict[str, _E
     return present, confirmed
 
 
-def _confirmed_failure(confirmed: dict[str, _EntryHits], result: ScanResult) -> _EntryHits | None:
-    """A failed run that only confirmations name (a bare `Killed`, exit status 137, torchrun's
-    `exitcode: -9`: fingerprints marked `ends_run`): the best-supported entry whose death line the
-    run ended on; never a wrapper."""
+def _confirmed_failure(kb: KnowledgeBase, present: dict[str, _EntryHits], confirmed: dict[str, _EntryHits],
+                       result: ScanResult) -> _EntryHits | None:
+    """How a failed run died, when nothing else explains it: the best-supported entry whose death
+    line (a confirmation marked `ends_run`: a bare `Killed`, exit status 137) the run ended on, or
+    that declares the signal a wrapper reports (`exit_signals`: DeepSpeed's `return code = -9`,
+    mpirun's `exited on signal 11`). Never a wrapper itself."""
     ended = [e for e in confirmed.values() if not e.entry.wrapper and any(
         h.fingerprint.ends_run and fallback.ended_the_run(h.file, h.line, result) for h in e.hits)]
+    reported = _reported_signal(present, result)
+    if reported is not None:
+        signal, hit = reported
+        for entry in kb.entries.values():
+            if signal in entry.exit_signals and not entry.wrapper:
+                ended.append(confirmed.get(entry.id) or _EntryHits(entry, [hit], {"confirm"}, WEAK))
     return max(ended, key=lambda e: (e.score, -e.hits[0].order[0], -e.hits[0].order[1]), default=None)
+
+
+_EXIT_GROUPS = ("exitcode", "returncode", "exit_code")
+
+
+def _reported_signal(present: dict[str, _EntryHits], result: ScanResult) -> tuple[int, Hit] | None:
+    """The first signal a wrapper reports a child died of: a negative exit code (-9), a shell exit
+    status 128+N (137), or a captured signal number."""
+    reports = sorted((h for e in present.values() if e.entry.wrapper for h in e.hits), key=lambda h: h.order)
+    for hit in reports:
+        if fallback.recovered(hit.file, hit.line, result):
+            continue  # the launcher restarted the workers and carried on
+        signal = _signal_of(hit.groups)
+        if signal is not None:
+            return signal, hit
+    return None
+
+
+def _signal_of(groups: dict[str, str]) -> int | None:
+    for name in _EXIT_GROUPS:
+        value = groups.get(name, "")
+        if value.lstrip("-").isdigit():
+            code = int(value)
+            if code < 0:
+                return -code
+            if 128 < code < 160:
+                return code - 128
+    value = groups.get("signal", "")
+    return int(value) if value.isdigit() else None
 
 
 def _earliest(candidates: list[_EntryHits], roles: tuple[str, ...]) -> _EntryHits:
@@ -216,7 +253,7 @@ def _finding(eh: _EntryHits, role: str, spread: dict[str, tuple[set, set]]) -> F
         for k, v in h.groups.items():
             groups.setdefault(k, v)
     xids = list(dict.fromkeys(h.groups["xid"] for h in eh.hits if h.groups.get("xid")))
-    ranks, hosts = spread[eh.entry.id]
+    ranks, hosts = spread.get(eh.entry.id, (set(), set()))
     return Finding(eh.entry, role, eh.score, picked, sorted(ranks), sorted(hosts), groups, xids)
 
 
@@ -233,13 +270,16 @@ def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> 
     """Root, collateral and related findings from one scan."""
     present, confirmed = _group_by_entry(kb, result)
     root, cascade_only = _pick_root(present)
+    if cascade_only and root.entry.wrapper and all(fallback.recovered(h.file, h.line, result) for h in root.hits
+                                                   if h.fingerprint.role == "cascade"):
+        root, cascade_only = None, False  # every failure the launcher reported, it restarted from
     if root is None or cascade_only and root.entry.wrapper:
         # Only a wrapper (or nothing) reported the failure: the child's own exception says more,
         # and failing that, what confirms how it died (a SIGKILL from outside, a segfault).
         if fallback.add_last_exception(kb, result):
             present, confirmed = _group_by_entry(kb, result)
             root, cascade_only = _pick_root(present)
-        elif (named := _confirmed_failure(confirmed, result)) is not None:
+        elif (named := _confirmed_failure(kb, present, confirmed, result)) is not None:
             root, cascade_only = named, False
     spread = _spread(result)
     findings: list[Finding] = []

@@ -27,9 +27,16 @@ def _matched_lines(result: ScanResult, roles: tuple[str, ...]) -> list[tuple[int
     return [h.order for fp, fph in result.hits.items() if fp.role in roles for h in fph.hits]
 
 
+def recovered(file: int, line: int, result: ScanResult) -> bool:
+    """Whether a line marked `recovers` (an elastic restart) follows this one in its file."""
+    return any(h.file == file and h.line > line for fp, fph in result.hits.items() if fp.recovers for h in fph.hits)
+
+
 def ended_the_run(file: int, line: int, result: ScanResult) -> bool:
-    """Whether the run ended on this line: a launcher or the scheduler reported a failure after it
-    (a cascade hit), or it is among the last lines of its file."""
+    """Whether the run ended on this line: nothing recovered from it, and a launcher or the
+    scheduler reported a failure after it (a cascade hit) or it is among the last lines of its file."""
+    if recovered(file, line, result):
+        return False
     near_end = file < len(result.file_lines) and line > result.file_lines[file] - END_LINES
     return near_end or any(order > (file, line) for order in _matched_lines(result, ("cascade",)))
 

@@ -34,6 +34,7 @@ class Fingerprint:
     meaning: str
     ignorecase: bool = False
     ends_run: bool = False  # a confirmation saying the process died (knowledge/README.md)
+    recovers: bool = False  # the line says the failure before it was recovered from
     detector: str | None = None  # a bot/engine/trends.py kind instead of a regex
 
     @property
@@ -60,6 +61,10 @@ class Entry:
     @property
     def caused_by(self) -> list[str]:
         return self.data["caused_by"]
+
+    @property
+    def exit_signals(self) -> list[int]:
+        return self.data.get("exit_signals", [])
 
     @property
     def wrapper(self) -> bool:
