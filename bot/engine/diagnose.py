@@ -141,7 +141,8 @@ def _noisy_or(strengths: Iterable[float]) -> float:
 
 
 def _group_by_entry(kb: KnowledgeBase, result: ScanResult) -> tuple[dict[str, _EntryHits], dict[str, _EntryHits]]:
-    """(entries with a root or cascade hit, entries hit only by confirmations)."""
+    """(entries with a root or cascade hit, entries hit only by confirmations); a wrapper whose
+    every report the launcher restarted from is neither."""
     grouped: dict[str, list] = {}
     for fp, fph in result.hits.items():
         grouped.setdefault(fp.entry, []).append((fp, fph))
@@ -150,9 +151,18 @@ def _group_by_entry(kb: KnowledgeBase, result: ScanResult) -> tuple[dict[str, _E
         roles = {fp.role for fp, _ in items}
         hits = sorted((h for _, fph in items for h in fph.hits), key=lambda h: h.order)
         score = _noisy_or(fp.strength for fp, _ in items)
+        eh = _EntryHits(kb.get(entry_id), hits, roles, score)
+        if _recovered(eh, result):
+            continue
         # A confirmation proves nothing alone: such an entry only answers a failed run nothing else explains.
-        (confirmed if roles == {"confirm"} else present)[entry_id] = _EntryHits(kb.get(entry_id), hits, roles, score)
+        (confirmed if roles == {"confirm"} else present)[entry_id] = eh
     return present, confirmed
+
+
+def _recovered(eh: _EntryHits, result: ScanResult) -> bool:
+    """A wrapper whose every failure report was followed by a restart (a `recovers` line)."""
+    return eh.entry.wrapper and all(fallback.recovered(h.file, h.line, result) for h in eh.hits
+                                    if h.fingerprint.role != "confirm")
 
 
 def _confirmed_failure(kb: KnowledgeBase, present: dict[str, _EntryHits], confirmed: dict[str, _EntryHits],
@@ -270,9 +280,6 @@ def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> 
     """Root, collateral and related findings from one scan."""
     present, confirmed = _group_by_entry(kb, result)
     root, cascade_only = _pick_root(present)
-    if cascade_only and root.entry.wrapper and all(fallback.recovered(h.file, h.line, result) for h in root.hits
-                                                   if h.fingerprint.role == "cascade"):
-        root, cascade_only = None, False  # every failure the launcher reported, it restarted from
     if root is None or cascade_only and root.entry.wrapper:
         # Only a wrapper (or nothing) reported the failure: the child's own exception says more,
         # and failing that, what confirms how it died (a SIGKILL from outside, a segfault).
