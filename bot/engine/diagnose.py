@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import BinaryIO, Iterable
 
+from bot.engine import timeline
 from bot.engine.scan import CHUNK_BYTES, Hit, Marked, Scanner, ScanResult
 from bot.kb.load import Entry, KnowledgeBase
 
@@ -43,6 +44,7 @@ class Diagnosis:
     jobid: str | None = None
     initiating: dict | None = None
     progress: dict | None = None
+    timeline: timeline.Timeline | None = None  # every rank's and host's first failure, in time order
 
     @property
     def warnings(self) -> list[str]:
@@ -191,6 +193,7 @@ def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> 
         diagnosis.initiating = _initiating(root, start, present)
         if start.iteration or start.checkpoint:
             diagnosis.progress = {"iteration": _as_int(start.iteration), "checkpoint": start.checkpoint}
+        timeline.attach(diagnosis)
     return diagnosis
 
 
