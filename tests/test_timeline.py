@@ -82,3 +82,18 @@ def test_a_single_log_keeps_its_rank_and_host_from_the_lines_near_the_root(diagn
            "been killed by the cgroup out-of-memory handler.\nsrun: error: gpu-a100-17: task 5: Out Of Memory\n")
     d = diagnoser.diagnose_text(log)
     assert (d.initiating["rank"], d.initiating["host"], d.initiating["line"]) == (5, "gpu-a100-17", 1)
+
+
+def test_a_line_that_names_the_failed_node_wins_over_the_host_that_printed_it(diagnoser):
+    log = ("srun: error: Node failure on gpu-node-37\n"
+           "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
+           "slurmstepd: error: *** STEP 66120.0 ON gpu-node-02 CANCELLED AT 2024-04-01T03:17:51 DUE TO NODE FAILURE ***\n")
+    d = diagnoser.diagnose_text(log)
+    assert d.root.entry.id == "slurm-node-fail" and d.initiating["host"] == "gpu-node-37"
+
+
+def test_when_the_root_says_nowhere_the_one_node_the_job_names_is_where(diagnoser):
+    crash = ("terminate called after throwing an instance of 'c10::CUDAError'\n  what():  CUDA error: unknown error\n"
+             "Exception raised from query at ../aten/src/ATen/cuda/CUDAEvent.h:91 (most recent call first):\n")
+    d = diagnoser.diagnose_text(crash * 3 + "srun: error: Node failure on gpu-node-49\n")
+    assert d.root.entry.id == "gpu-xid" and d.initiating["host"] == "gpu-node-49"

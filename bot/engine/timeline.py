@@ -147,15 +147,30 @@ def _firsts(lines: list[Event]) -> list[Event]:
     return sorted(firsts.values(), key=Event.key)
 
 
-def _first_window(events: list[Event], rank) -> Event | None:
-    """The earliest event by `rank`, among those within SKEW_SECONDS of the first timed one."""
-    if not events:
-        return None
-    timed = [e for e in events if e.at is not None]
-    if timed:
-        t0 = min(e.at for e in timed)
-        events = [e for e in timed if e.at <= t0 + SKEW_SECONDS]
-    return min(events, key=lambda e: (rank(e), e.key()))
+def _window(events: list[Event]) -> list[Event]:
+    """The events within SKEW_SECONDS of the first timed one, and those with no time (they cannot
+    be placed, so they are not ruled out)."""
+    timed = [e.at for e in events if e.at is not None]
+    return [e for e in events if e.at is None or e.at <= min(timed) + SKEW_SECONDS] if timed else events
+
+
+def _best(events: list[Event], rank) -> Event | None:
+    return min(events, key=lambda e: (rank(e), e.key())) if events else None
+
+
+def _by_role(e: Event) -> tuple:
+    return (_ROLE_ORDER[e.role], -e.hit.fingerprint.strength)
+
+
+def _named(events: list[Event], only: bool = False) -> str | None:
+    """The node a line names in a `node` capture ("Node failure on gpu-node-17"): that line is about
+    that node, whichever host printed it. With `only`, just when the lines name a single node."""
+    named = [e for e in events if e.hit.groups.get("node")]
+    if only:
+        nodes = {e.hit.groups["node"] for e in named}
+        return nodes.pop() if len(nodes) == 1 else None
+    best = _best(named, _by_role)
+    return best.hit.groups["node"] if best else None
 
 
 def _host_of(events: list[Event]) -> dict[int, str]:
@@ -168,19 +183,21 @@ def _host_of(events: list[Event]) -> dict[int, str]:
 
 
 def _rank_on(host: str, root: Finding, findings: dict[str, Finding], events: list[Event],
-             hosts: dict[int, str]) -> int | None:
-    """The rank where the failure of `host` showed first: the root's own lines, then failures its root
-    does not explain, then a scheduler or launcher saying the task ended; collateral last."""
+             hosts: dict[int, str], window: list[Event]) -> int | None:
+    """The rank where the failure of `host` showed first: the root's own lines on that host, then
+    the root's lines of the start's window whose host is not known, then failures the root does not
+    explain, then a scheduler or launcher saying the task ended; collateral last."""
     def group(e: Event) -> int:
         entry = findings[e.entry].entry
         if e.entry == root.entry.id:
-            return 0
+            return 0 if e in located else 1
         if e.role == "root" and root.entry.id not in entry.caused_by:
-            return 1
-        return 2 if entry.data["category"] in _NOTICE_CATEGORIES else 3
+            return 2
+        return 3 if entry.data["category"] in _NOTICE_CATEGORIES else 4
 
-    here = [e for e in events if e.hit.rank is not None and (e.hit.host or hosts.get(e.hit.rank)) == host]
-    start = _first_window(here, lambda e: (group(e), _ROLE_ORDER[e.role]))
+    located = [e for e in events if e.hit.rank is not None and (e.hit.host or hosts.get(e.hit.rank)) == host]
+    unplaced = [e for e in window if e.hit.rank is not None and not (e.hit.host or hosts.get(e.hit.rank))]
+    start = _best(_window(located + unplaced), lambda e: (group(e), _ROLE_ORDER[e.role]))
     return start.hit.rank if start else None
 
 
@@ -221,14 +238,18 @@ def build(d: Diagnosis) -> Timeline | None:
     lines = _failure_lines(d)
     events = _firsts(lines)
     own = [e for e in lines if e.entry == d.root.entry.id] or events
-    start = _first_window(own, lambda e: (_ROLE_ORDER[e.role], -e.hit.fingerprint.strength))
+    window = _window(own)
+    start = _best(window, _by_role)
     if start is None:
         return None
     hosts = _host_of(lines)
-    host = start.hit.host or hosts.get(start.hit.rank)
+    host = _named(window) or start.hit.host or hosts.get(start.hit.rank)
+    if host is None:  # a rank's line: the node's own line in the window, or the one node the job's lines name
+        placed = _best([e for e in window if e.hit.host], _by_role)
+        host = placed.hit.host if placed else _named(lines, only=True)
     rank = start.hit.rank
     if rank is None and host:
-        rank = _rank_on(host, d.root, {f.entry.id: f for f in d.findings}, lines, hosts)
+        rank = _rank_on(host, d.root, {f.entry.id: f for f in d.findings}, lines, hosts, window)
     return Timeline(events[:MAX_EVENTS], start, rank, host, _odd_hosts(d), _label(start, lines), _then(d))
 
 
@@ -240,9 +261,10 @@ def attach(d: Diagnosis) -> None:
         return
     init = d.initiating
     if (t.start.hit.file, t.start.hit.line) == (init["file"], init["line"]):
-        t.rank = init["rank"] if init["rank"] is not None else t.rank
-        t.host = init["host"] or t.host
-    elif t.rank is None and t.host is None:  # the timed start says nowhere: keep the placed line
+        # the timeline knows the window; the lines next to the root's first line fill what it does not
+        t.rank = t.rank if t.rank is not None else init["rank"]
+        t.host = t.host or init["host"]
+    elif t.rank is None and t.host is None:  # the start says nowhere: keep the placed line
         t.rank, t.host = init["rank"], init["host"]
         return
     init.update(rank=t.rank, host=t.host, line=t.start.hit.line, file=t.start.hit.file)
