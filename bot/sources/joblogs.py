@@ -32,6 +32,7 @@ _WILD = re.compile(r"%[tNns]|[*?]")
 _TORCHRUN = re.compile(rb"log directory set to: (/\S+)|error_file\s*:\s*(/\S+)")
 _TABLE_RANK = re.compile(rb"\brank\s*:\s*(\d+)")
 _TABLE_HOST = re.compile(rb"\bhost\s*:\s*([A-Za-z0-9][\w.-]*)")
+_NCCL_HOST = re.compile(rb"^(?:\[[^\]\n]*\]:? ?)?([A-Za-z][\w.-]*):\d+:\d+ \[\d+\] NCCL ", re.M)  # host:pid:tid [dev]
 _ATTEMPT = re.compile(r"/attempt_(\d+)/(\d+)/(?:stdout|stderr)\.log$")
 _KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket",
           stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
@@ -110,8 +111,11 @@ class JobLogs:
             if f.error_file:
                 await self._in_pool(_error_file_text, dest)
             out.parts.append((str(dest), f.name))
-            if f.origin:
-                out.origins[f.name] = f.origin
+            origin = f.origin
+            if origin and origin.rank is not None and origin.host is None:
+                origin = Origin(origin.rank, await self._in_pool(_nccl_host, dest))
+            if origin:
+                out.origins[f.name] = origin
         return out
 
     def _dest(self) -> Path:
@@ -272,6 +276,13 @@ def _copy_tail(path: str, dest: Path, tail: int, roots: tuple[str, ...]) -> str 
     finally:
         os.close(fd)
     return None
+
+
+def _nccl_host(copy: Path) -> str | None:
+    """The host a one-rank file was written on, from NCCL's `host:pid:tid [dev] NCCL` prefix."""
+    with copy.open("rb") as f:
+        m = _NCCL_HOST.search(f.read(1 << 20))
+    return m.group(1).decode("utf-8", "replace") if m else None
 
 
 def _torchrun_refs(copy: str) -> tuple[list[LogFile], list[str]]:

@@ -281,10 +281,14 @@ class JobDiagnosis:
     notes: list[str]
 
 
+def reattribute(kb: KnowledgeBase, d: Diagnosis, origins: dict[str, Origin]) -> Diagnosis:
+    """The diagnosis again, with each per-rank file's lines given the rank and host its name says."""
+    return analyse(kb, attribute(d.scan, origins), d.jobid) if origins else d
+
+
 def _finish(kb: KnowledgeBase, collected: Collected, d: Diagnosis) -> JobDiagnosis:
-    """The diagnosis with each per-rank file's lines given its rank and host, and the job's advice."""
-    if collected.origins:
-        d = analyse(kb, attribute(d.scan, collected.origins), d.jobid)
+    """The diagnosis with the files' origins applied, and the job's advice."""
+    d = reattribute(kb, d, collected.origins)
     progress = d.progress or {}
     notes = advice(collected.job, progress.get("checkpoint"), progress.get("iteration")) + collected.notes
     return JobDiagnosis(collected.job.jobid, d, notes)
