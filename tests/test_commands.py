@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from test_slurm import OOM_LOG, _json, record, slurm, steps  # noqa: F401 - slurm is a fixture
+from test_slurm import OOM_LOG, _json, record
 
 from bot.sources.commands import CommandError, runner
 
@@ -59,7 +59,10 @@ def test_commands_in_flight_are_limited_per_user_and_other_users_go_first(tmp_pa
 
     async def scenario():
         run = runner(total=8, per_user=2).run
-        argv = lambda who: ["sh", "-c", f"echo {who} $(date +%s.%N) >> {starts}; sleep 1"]  # noqa: E731
+
+        def argv(who: str) -> list[str]:
+            return ["sh", "-c", f"echo {who} $(date +%s.%N) >> {starts}; sleep 1"]
+
         a = [asyncio.ensure_future(run(argv("a"), 10, 100, user="alice")) for _ in range(3)]
         await asyncio.sleep(0.3)
         b = asyncio.ensure_future(run(argv("b"), 10, 100, user="bob"))

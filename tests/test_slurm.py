@@ -3,16 +3,13 @@ import asyncio
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import FAKES, run_cli
 
 from bot.config import Settings
 from bot.sources.slurm import JobError, collect, expand, parse_jobid
-
-FAKES = Path(__file__).parent / "fakes"
 
 OOM_LOG = """\
 [rank0]: iteration    41000/  500000 | lm loss: 1.912E+00 |
@@ -42,38 +39,6 @@ def steps(jobid, state, maxrss="74659840K", reqmem="64G", exit_code="0:125"):
             {"JobID": f"{jobid}.0", "JobName": "python", "User": "", "State": state, "ExitCode": exit_code,
              "NodeList": "gpu-a100-17", "Elapsed": "1-00:00:00", "Timelimit": "", "ReqMem": reqmem,
              "MaxRSS": maxrss, "MaxRSSNode": "gpu-a100-17", "WorkDir": "/work"}]
-
-
-@dataclass
-class FakeSlurm:
-    root: Path
-    db: Path
-    calls: Path
-
-    def add(self, jobid: str, scontrol: list | None = None, sacct: list | None = None) -> None:
-        data = json.loads(self.db.read_text())
-        if scontrol is not None:
-            data["scontrol"][jobid] = scontrol
-        if sacct is not None:
-            data["sacct"][jobid] = sacct
-        self.db.write_text(json.dumps(data))
-
-    def invocations(self) -> list:
-        return [json.loads(line) for line in self.calls.read_text().splitlines()] if self.calls.exists() else []
-
-
-@pytest.fixture
-def slurm(tmp_path, monkeypatch):
-    root = tmp_path / "scratch"
-    root.mkdir()
-    db = tmp_path / "slurm.json"
-    db.write_text(json.dumps({"scontrol": {}, "sacct": {}}))
-    monkeypatch.setenv("PATH", f"{FAKES}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_SLURM_DB", str(db))
-    monkeypatch.setenv("FAKE_SLURM_CALLS", str(tmp_path / "calls.jsonl"))
-    monkeypatch.setenv("FAKE_SLURM_CHILD", str(tmp_path / "child.pid"))
-    monkeypatch.setenv("TRAINMEDIC_SLURM_LOG_ROOTS", str(root))
-    return FakeSlurm(root, db, tmp_path / "calls.jsonl")
 
 
 def _json(*args):

@@ -5,8 +5,8 @@ import json
 import os
 
 import pytest
-from conftest import run_cli
-from test_slurm import FAKES, _json, record, slurm, steps  # noqa: F401 - slurm is a fixture
+from conftest import FAKES, run_cli
+from test_slurm import _json, record, steps
 
 from bot.config import Settings
 from bot.sources.slurm import collect
@@ -256,3 +256,39 @@ def test_the_job_budget_caps_the_files_read_and_says_so(slurm, monkeypatch):
         assert any(n.startswith("8 more log file(s) not read (TRAINMEDIC_SLURM_MAX_FILES=5)") for n in collected.notes)
     finally:
         collected.folder.cleanup()
+
+
+def test_kernel_logs_through_the_login_node_and_an_ssh_to_each_node(slurm, nodes, monkeypatch):
+    """Two remote shells in a row (login node, then the node): the arguments survive both."""
+    monkeypatch.setenv("TRAINMEDIC_SLURM_COMMAND_PREFIX", f"{FAKES / 'fake-ssh'} login01")
+    (slurm.root / "slurm-9600.out").write_text(timeouts(range(8)))
+    job(slurm, "9600")
+    out = _json("--job", "9600")
+    assert out["root"] == "gpu-xid" and out["initiating"]["host"] == "gpu-node-03"
+    assert ["journalctl", "-q", "--no-pager", "-o", "short-iso", "_TRANSPORT=kernel", "--since=2024-04-01 02:22:40",
+            "--until=2024-04-01 03:27:40", "@gpu-node-03"] in slurm.invocations()
+
+
+def test_the_slack_reply_names_where_it_started_and_the_host_to_drain(slurm, nodes, tmp_path, kb):
+    from slackbot import running_bot
+
+    from bot.sources.workers import ScanPool
+
+    (slurm.root / "slurm-9700.out").write_text(timeouts(range(16)))
+    job(slurm, "9700")
+    scans = ScanPool(workers=1)
+
+    async def scenario():
+        async with running_bot(tmp_path, kb, scans, slurm_log_roots=(slurm.root,), node_timeout=3.0,
+                               node_command=(str(FAKES / "fake-node-ssh"), "{node}")) as bot:
+            await bot.command("9700")
+            [reply] = await bot.fake.wait_for("chat.postMessage")
+            text = str(reply.params["blocks"])
+            assert "Started at host gpu-node-03, line 1 of &lt;kernel log of gpu-node-03&gt; (Xid 79 at 03:12:04)" in text
+            assert "then 16 ranks: nccl-timeout" in text and "scontrol update nodename=gpu-node-03 state=drain" in text
+            assert "kernel logs: 4 of 4 node(s) read" in text
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        scans.close()

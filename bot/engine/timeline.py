@@ -64,7 +64,7 @@ class OddHost:
 @dataclass
 class Timeline:
     events: list[Event]  # each source's first failure line, in time order
-    start: Event | None
+    start: Event  # the line the failure started with
     rank: int | None  # the initiating rank and host, filled from the other events where the start lacks them
     host: str | None
     odd_hosts: list[OddHost]
@@ -73,7 +73,7 @@ class Timeline:
 
     @property
     def summary(self) -> str:
-        """"started on gpu-node-17 rank 13 (Xid 79 at 03:12:04); then 63 ranks: nccl-timeout"."""
+        """One line, e.g. `started on gpu-node-17 rank 13 (Xid 79 at 03:12:04); then 63 ranks: nccl-timeout`."""
         where = " ".join(x for x in (f"on {self.host}" if self.host else "",
                                       f"rank {self.rank}" if self.rank is not None else "") if x)
         return f"started {where or 'here'} ({self.label})" + (f"; then {self.then}" if self.then else "")

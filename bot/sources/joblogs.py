@@ -32,7 +32,7 @@ _WILD = re.compile(r"%[tNns]|[*?]")
 _TORCHRUN = re.compile(rb"log directory set to: (/\S+)|error_file\s*:\s*(/\S+)")
 _TABLE_RANK = re.compile(rb"\brank\s*:\s*(\d+)")
 _TABLE_HOST = re.compile(rb"\bhost\s*:\s*([A-Za-z0-9][\w.-]*)")
-_NCCL_HOST = re.compile(rb"^(?:\[[^\]\n]*\]:? ?)?([A-Za-z][\w.-]*):\d+:\d+ \[\d+\] NCCL ", re.M)  # host:pid:tid [dev]
+_NCCL_HOST = re.compile(rb"^(?:\[[^\]\n]*\]:? ?)?([A-Za-z][\w.-]*):\d+:\d+ \[\d+\] NCCL ", re.MULTILINE)  # host:pid:tid [dev]
 _ATTEMPT = re.compile(r"/attempt_(\d+)/(\d+)/(?:stdout|stderr)\.log$")
 _KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket",
           stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
@@ -79,6 +79,7 @@ class JobLogs:
         self.files_left = self.settings.slurm_max_files
         self.bytes_left = self.settings.slurm_job_bytes
         self.seen: set[str] = set()
+        self.copies = 0
 
     @property
     def _roots(self) -> tuple[str, ...]:
@@ -103,7 +104,12 @@ class JobLogs:
         self.files_left -= len(files)
         tail = max(1 << 16, min(self.settings.slurm_tail_bytes, self.bytes_left // max(1, len(files))))
         reader = self._remote if self.settings.slurm_prefix else self._local
-        for f, (dest, refused) in zip(files, await reader(files, tail)):
+        try:
+            copies = await reader(files, tail)
+        except JobError as exc:  # the login node did not answer: these files are notes, the job goes on
+            out.notes += [f"{f.path}: not read: {exc}" for f in files]
+            return out
+        for f, (dest, refused) in zip(files, copies):
             if refused:
                 out.notes.append(refused)
                 continue
@@ -119,7 +125,10 @@ class JobLogs:
         return out
 
     def _dest(self) -> Path:
-        return self.folder / f"log{len(list(self.folder.iterdir()))}"
+        self.copies += 1
+        dest = self.folder / f"log{self.copies}"
+        dest.touch()
+        return dest
 
     async def _in_pool(self, fn, *args):
         """Run fn on our own disk pool; a file system that hangs past the timeout is given up on."""
@@ -127,16 +136,13 @@ class JobLogs:
         return await asyncio.wait_for(future, self.settings.slurm_timeout)
 
     async def _local(self, files: list[LogFile], tail: int) -> list[tuple[Path, str | None]]:
-        out = []
-        for f in files:
-            dest = self._dest()
-            dest.touch()
+        async def copy(f: LogFile, dest: Path) -> tuple[Path, str | None]:
             try:
-                refused = await self._in_pool(_copy_tail, f.path, dest, tail, self._roots)
+                return dest, await self._in_pool(_copy_tail, f.path, dest, tail, self._roots)
             except TimeoutError:
-                refused = f"{f.path}: the file system did not answer within {self.settings.slurm_timeout:g} s, not read"
-            out.append((dest, refused))
-        return out
+                return dest, f"{f.path}: the file system did not answer within {self.settings.slurm_timeout:g} s, not read"
+
+        return await asyncio.gather(*(copy(f, self._dest()) for f in files))
 
     async def _remote(self, files: list[LogFile], tail: int) -> list[tuple[Path, str | None]]:
         """On the login node: one `stat` and one `realpath` for all files, then a `tail` each."""
@@ -145,11 +151,7 @@ class JobLogs:
         regular = [p for p in paths if kinds.get(p) == "regular file"]
         resolved = (await self.cluster.run(["realpath", "-e", "-z", "--", *regular])).stdout.split(b"\0") if regular else []
         real = dict(zip(regular, (r.decode("utf-8", "replace") for r in resolved)))
-        out = []
-        for p in paths:
-            dest = self._dest()
-            dest.touch()
-            out.append((dest, _remote_refusal(p, kinds.get(p), real.get(p), self._roots)))
+        out = [(self._dest(), _remote_refusal(p, kinds.get(p), real.get(p), self._roots)) for p in paths]
         tails = [self.cluster.run(["tail", "-c", str(tail), "--", real[p]], dest=dest, cap=tail)
                  for p, (dest, refused) in zip(paths, out) if not refused]
         results = iter(await asyncio.gather(*tails, return_exceptions=True))
