@@ -52,6 +52,7 @@ def to_json(d: Diagnosis, incident: dict | None = None, notes: list[str] | None 
         "likely_errors": [{"line": m.line, "text": m.text} for m in d.likely_errors()],
         "warnings": d.warnings,
         "notes": notes or [],
+        "timeline": timeline_json(d),
     }
 
 
@@ -60,6 +61,8 @@ def dumps(d: Diagnosis, incident: dict | None = None, notes: list[str] | None = 
 
 
 def where(d: Diagnosis) -> str | None:
+    """Where it started; for a failure that several ranks or hosts show, how it spread (the
+    timeline) and the host that differs from its peers, with its drain command."""
     if not d.initiating or not d.root:
         return None
     parts = []
@@ -71,13 +74,29 @@ def where(d: Diagnosis) -> str | None:
     if len(d.scan.files) > 1:
         line += f" of {d.scan.files[d.initiating['file']]}"
     parts.append(line)
-    spread = []
-    if len(d.root.ranks) > 1:
-        spread.append(f"{len(d.root.ranks)} ranks")
-    if len(d.root.hosts) > 1:
-        spread.append(f"{len(d.root.hosts)} hosts")
-    text = ", ".join(parts)
-    return text + (f" (seen on {' and '.join(spread)})" if spread else "")
+    t = d.timeline
+    if t is not None and t.sources > 1:
+        text = ", ".join(parts) + f" ({t.label})" + (f"; then {t.then}" if t.then else "")
+    else:
+        spread = []
+        if len(d.root.ranks) > 1:
+            spread.append(f"{len(d.root.ranks)} ranks")
+        if len(d.root.hosts) > 1:
+            spread.append(f"{len(d.root.hosts)} hosts")
+        text = ", ".join(parts) + (f" (seen on {' and '.join(spread)})" if spread else "")
+    for odd in t.odd_hosts if t is not None else []:
+        text += f"; {odd.host} differs from its peers ({odd.entry})" + (f", drain it: {odd.drain}" if odd.drain else "")
+    return text
+
+
+def timeline_json(d: Diagnosis) -> dict | None:
+    """The `timeline` key: each rank's and host's first failure line in time order, and the odd hosts."""
+    t = d.timeline
+    if t is None:
+        return None
+    events = [{"entry": e.entry, "role": e.role, **_evidence(e.hit, d)} for e in t.events]
+    return {"summary": t.summary, "events": events,
+            "odd_hosts": [{"host": o.host, "entry": o.entry, "drain": o.drain} for o in t.odd_hosts]}
 
 
 def progress(d: Diagnosis) -> str | None:

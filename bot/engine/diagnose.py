@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import BinaryIO, Iterable
 
-from bot.engine import fallback
+from bot.engine import fallback, timeline
 from bot.engine.scan import CHUNK_BYTES, Hit, Marked, Scanner, ScanResult
 from bot.kb.load import Entry, KnowledgeBase
 from bot.kb.xids import NO_XID, Xid, XidTable
@@ -53,6 +53,7 @@ class Diagnosis:
     jobid: str | None = None
     initiating: dict | None = None
     progress: dict | None = None
+    timeline: timeline.Timeline | None = None  # every rank's and host's first failure, in time order
 
     @property
     def confidence(self) -> str | None:
@@ -308,6 +309,7 @@ def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> 
         diagnosis.initiating = _initiating(root, start, present)
         if start.iteration or start.checkpoint:
             diagnosis.progress = {"iteration": _as_int(start.iteration), "checkpoint": start.checkpoint}
+        timeline.attach(diagnosis)
     return diagnosis
 
 
@@ -325,7 +327,7 @@ def _initiating(root: _EntryHits, start: Hit, present: dict[str, _EntryHits]) ->
     node, `srun: error: node: task N` does)."""
     nearby = sorted((h for eh in present.values() for h in eh.hits
                      if h.file == start.file and start.line <= h.line <= start.line + NEARBY_LINES), key=lambda h: h.order)
-    summary = [h for eh in present.values() if "cascade" in eh.roles for h in eh.hits]
+    summary = [h for eh in present.values() if eh.entry.wrapper for h in eh.hits]
     ranks = [start.rank] + [int(h.groups["rank"]) for h in summary if h.groups.get("rank", "").isdigit()] \
         + [h.rank for h in root.hits + nearby]
     hosts = [start.host] + [h.groups.get("node") for h in summary] + [h.host for h in root.hits + nearby]

@@ -120,7 +120,8 @@ def diagnosis_message(d: Diagnosis, incident: dict | None) -> tuple[str, list[di
         blocks.append(block)
         block, cut = _code([_evidence_line(h, d) for h in f.hits], "*Evidence*")
         blocks.append(block)
-        context = [escape(x) for x in (render.where(d), render.progress(d)) if x]
+        started = render.where(d)
+        context = [escape(x) for x in (started and f"Started at {started}", render.progress(d)) if x]
         if context:
             blocks.append(context_block(" · ".join(context)))
         collateral = [x for x in d.findings[1:] if x.role == "collateral"]
