@@ -161,8 +161,10 @@ def looks_random(token: str, min_len: int = 20) -> bool:
     """Mixed case, changing character class often and of high entropy: a key, not a word, a name,
     a path, a version, a hex id or a UUID. A path is judged by its components, other tokens by
     their pieces between separators (`md5-GPTDataset-document_index` is no key)."""
-    token = urllib.parse.unquote(token).strip("=")
-    if len(token) < min_len or is_potential_uuid(token) or _is_placeholder(token) or _MANGLED.match(token):
+    token = (urllib.parse.unquote(token) if "%" in token else token).strip("=")
+    if len(token) < min_len or token.islower() or token.isupper() or not any(c.isalpha() for c in token):
+        return False  # a path, a name or a number in one case: the common case, decided cheaply
+    if is_potential_uuid(token) or _is_placeholder(token) or _MANGLED.match(token):
         return False
     if _path_like(token):
         return any(looks_random(part, 12) for part in token.split("/") if part != token)
@@ -238,6 +240,8 @@ def _base64_line(token: str) -> bool:
 
 
 def _continuation(token: str) -> bool:
+    if token.islower() and token[0] not in "0123456789abcdef" and "-" not in token and "_" not in token:
+        return False  # a lower-case word or name (a hex end starts with a hex digit)
     if is_potential_uuid(token) or "=" in token.rstrip("="):
         return False  # a UUID, or `SeqNum=638775`
     if any(_hexish(part, 12) for part in re.split(r"[-_]", token)) or looks_random(token, 8):
@@ -280,12 +284,13 @@ def _format(pattern: re.Pattern) -> Callable[[str, bool], list[tuple[int, int]]]
 
 
 def _loosened(pattern: re.Pattern) -> str:
-    """An RE2 pattern that matches wherever `pattern` does (lookarounds dropped, huge repeats opened)."""
+    """An RE2 pattern that matches wherever `pattern` does (lookarounds dropped, repeats loosened)."""
     source = pattern.pattern
     if pattern.flags & re.VERBOSE:
         source = re.sub(r"#[^\n]*|\s+", "", source)
     source = _LOOKAROUND.sub("", source)
-    source = re.sub(r"\{(\d+),\d{4,}\}", r"{\1,}", source)
+    # counted repeats cut to at most 3: counters multiply the states of the set's DFA and slow the pass
+    source = re.sub(r"\{(\d+)(?:,\d*)?\}", lambda m: f"{{{min(int(m.group(1)), 3)},}}", source)
     return ("(?is)" if pattern.flags & re.IGNORECASE else "(?s)") + source
 
 
