@@ -33,6 +33,8 @@ class Fingerprint:
     meaning: str
     ignorecase: bool = False
     detector: str | None = None  # a bot/engine/trends.py kind instead of a regex
+    group: str | None = None  # fingerprints sharing a group are one failure for linking repeats
+    group_by: list[str] = field(default_factory=list, hash=False, compare=False)  # captures that tell failures apart
 
     @property
     def pattern(self) -> engines.Pattern:
