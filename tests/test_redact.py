@@ -9,6 +9,7 @@ import gzip
 import json
 import random
 import re
+import urllib.parse
 
 import pytest
 from conftest import run_cli
@@ -169,3 +170,21 @@ def test_the_command_line_leaks_nothing_from_a_gzip_log(tmp_path):
     incident = json.loads(run_cli("diagnose", "--format", "json", *paths).stdout)["incident"]
     assert incident["count"] == 4
     assert not finder.find(_stored(tmp_path / "incidents.db"))
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_the_last_checkpoint_shown_with_a_failure_leaks_nothing(kb, fmt):
+    """The progress context (`last checkpoint ...`) is cut from its line: a secret in its URL is masked."""
+    rng = random.Random(SEED)
+    diagnoser = Diagnoser(kb, engine_name="re2")
+    for save in ("Saving model checkpoint to https://u:{q}@store.example.net/ckpt/step_4000",
+                 "saving checkpoint to s3://runs/ckpt/step_4000?{key}={q}"):
+        secret, parts = fmt.make(rng)
+        quoted = urllib.parse.quote(secret, safe="")
+        log = ("[rank0]: iteration 4000/ 9000 | loss 2.0 |\n" + save.format(q=quoted, key=fmt.env.lower())
+               + "\n[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
+        d = diagnoser.diagnose_text(log)
+        assert d.progress and d.progress["checkpoint"], log
+        out = "\n".join(_outputs(d, None))
+        pieces = pieces_of(parts + [urllib.parse.quote(p, safe="") for p in parts])
+        assert not [p for p in pieces if p in out], d.progress
