@@ -24,8 +24,10 @@ cost of a line is linear in its length whatever it holds.
 """
 from __future__ import annotations
 
+import math
 import re
 import urllib.parse
+from collections import Counter
 from collections.abc import Callable
 from functools import lru_cache
 from itertools import pairwise
@@ -34,7 +36,6 @@ import re2
 from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
 from detect_secrets.filters.heuristic import is_potential_uuid, is_sequential_string
 from detect_secrets.plugins.base import RegexBasedDetector
-from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
 
 MASK = "[REDACTED]"
 
@@ -108,7 +109,14 @@ _MARGIN = 2048  # overlap of blocks, and the context kept around a clipped windo
 
 
 _ML = [re.compile(p, re.DOTALL) for p in ML_FORMATS.values()]
-_entropy = Base64HighEntropyString().calculate_shannon_entropy
+
+
+def _entropy(text: str) -> float:
+    """Shannon entropy per character, the measure of detect-secrets' high-entropy plugins (theirs
+    counts every character of the charset for each string: 60 us a call, on the hot path here)."""
+    counts = Counter(text)
+    n = len(text)
+    return -sum(c / n * math.log2(c / n) for c in counts.values()) if n else 0.0
 
 
 def _is_placeholder(value: str) -> bool:
@@ -158,6 +166,7 @@ def _random_part(part: str) -> bool:
             and _kinds_change(part) >= 0.35 * len(part))
 
 
+@lru_cache(maxsize=1024)  # logs repeat their tokens; a token is at most one block
 def looks_random(token: str, min_len: int = 20) -> bool:
     """Mixed case, changing character class often and of high entropy: a key, not a word, a name,
     a path, a version, a hex id or a UUID. A path is judged by its components, other tokens by
@@ -240,6 +249,7 @@ def _base64_line(token: str) -> bool:
     return (len(token) >= 16 and re.fullmatch(r"[A-Za-z0-9+/]+=*", token) is not None and _classes(token) == 3)
 
 
+@lru_cache(maxsize=1024)
 def _continuation(token: str) -> bool:
     if token.islower() and token[0] not in "0123456789abcdef" and "-" not in token and "_" not in token:
         return False  # a lower-case word or name (a hex end starts with a hex digit)
@@ -247,6 +257,8 @@ def _continuation(token: str) -> bool:
         return False  # a UUID, or `SeqNum=638775`
     if any(_hexish(part, 12) for part in re.split(r"[-_]", token)) or looks_random(token, 8):
         return True
+    if token.islower() or not any(c.isalpha() for c in token):
+        return False
     if _is_placeholder(token) or _entropy(token) < 2.2:
         return False
     letters = [c for c in token if c.isalpha()]
