@@ -8,11 +8,10 @@ generated when the tests run.
 import gzip
 import json
 import random
-import re
 import urllib.parse
 
 import pytest
-from conftest import run_cli
+from conftest import entry_yaml, run_cli, write_entries
 from secret_corpus import (
     FORMATS,
     SEED,
@@ -27,6 +26,8 @@ from bot import render
 from bot.engine.diagnose import Diagnoser
 from bot.engine.redact import MASK, clip, redact
 from bot.history.store import History
+from bot.kb.load import load
+from bot.kbcheck import check, hidden_by_redaction
 
 # Known misses, recorded rather than hidden: the back half of a 20-character AWS key id cut at a
 # line end is ten capital letters and digits 2-7, which a word in capitals can be as well.
@@ -106,10 +107,21 @@ def test_every_entry_example_still_diagnoses_after_redaction(kb):
             total += ex["log"].count("\n")
             before, after = diagnoser.diagnose_text(ex["log"]), diagnoser.diagnose_text(redacted)
             assert (after.root and after.root.entry.id) == (before.root and before.root.entry.id), (entry.id, ex["name"])
-            for hit in before.root.hits if before.root else []:
-                if "…" not in hit.text and hit.fingerprint.detector is None:
-                    assert re.search(hit.fingerprint.regex, hit.text, re.IGNORECASE if hit.fingerprint.ignorecase else 0), hit.text
+            assert not (before.root and hidden_by_redaction(before)), (entry.id, ex["name"])
     print(f"example lines changed by redaction: {changed} of {total}")
+
+
+def test_kb_check_fails_an_example_whose_evidence_redaction_hides(tmp_path):
+    """kb check diagnoses through the real scan, which redacts: a fingerprint that matches a secret's
+    shape has nothing left to show, and kb check says so."""
+    rng = random.Random(SEED)
+    key = "".join(rng.choice("0123456789abcdef") for _ in range(40))
+    entry = entry_yaml("wandb-login-refused", r"wandb: ERROR login refused for key [0-9a-f]{40}",
+                       positive_log=f"wandb: ERROR login refused for key {key}\n")
+    report = check(load([write_entries(tmp_path / "kb", entry)]), benign=tmp_path / "no-benign")
+    hidden = [f for f in report.entries[0].failures if "redaction hides what main matched" in f]
+    assert len(hidden) == report.entries[0].positives == 3 and report.entries[0].positives_ok == 0
+    assert all(key not in f and MASK in f for f in hidden)
 
 
 def test_a_secret_cut_by_the_evidence_window_is_masked_whole():
