@@ -5,9 +5,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import knowledge as shipped
-from bot.engine.diagnose import Diagnoser
+from bot.engine.diagnose import Diagnoser, Diagnosis
 from bot.kb import rules
 from bot.kb.load import KnowledgeBase
+from bot.match import engines
 from bot.sources.files import diagnose_paths
 
 
@@ -47,9 +48,11 @@ def _check_entry(diagnoser: Diagnoser, entry_id: str) -> EntryReport:
             report.xfail += 1
             continue
         report.positives += 1
-        report.positives_ok += passed
+        hidden = hidden_by_redaction(d) if passed else []
+        report.positives_ok += passed and not hidden
         if not passed:
             report.failures.append(f"positive {ex['name']!r}: diagnosed as {got or 'nothing'}")
+        report.failures += [f"positive {ex['name']!r}: redaction hides what {fp} matched: {text!r}" for fp, text in hidden]
     for ex in entry.data["examples"]["near_miss"]:
         d = diagnoser.diagnose_text(ex["log"], name=ex["name"])
         hit = [f.entry.id for f in d.findings if f.entry.id == entry_id]
@@ -61,6 +64,13 @@ def _check_entry(diagnoser: Diagnoser, entry_id: str) -> EntryReport:
         if hit:
             report.failures.append(f"near-miss {ex['name']!r}: matched {entry_id}")
     return report
+
+
+def hidden_by_redaction(d: Diagnosis) -> list[tuple[str, str]]:
+    """Root evidence lines (as shown: redacted) that no longer match the fingerprint that found them."""
+    return [(h.fingerprint.id, h.text) for h in d.root.hits
+            if h.fingerprint.detector is None and "…" not in h.text
+            and not engines.re2_compile(h.fingerprint.pattern, text=True).search(h.text)]
 
 
 def benign_files(folder: Path = shipped.BENIGN) -> list[Path]:

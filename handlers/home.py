@@ -25,10 +25,21 @@ def _lines(rows: list[dict], empty: str) -> str:
                      for r in rows[:LISTED])
 
 
+def _unknown(groups: list[dict]) -> str:
+    """One line per distinct unknown failure: its latest thread, how often, what it was grouped by."""
+    if not groups:
+        return "None."
+    lines = []
+    for g in groups[:LISTED]:
+        failure = blocks.escape(g["failure"][:90]).replace("`", "'")
+        lines.append(f"• {_link(g)} · ×{g['count']} since {g['first_seen'][:10]} · `{failure}`")
+    return "\n".join(lines)
+
+
 async def home_view(deps: Deps) -> dict:
     open_rows = await deps.history.call("list", status="open", limit=LISTED)
     stats = await deps.history.call("stats", 7)
-    unknown = await deps.history.call("list", entry="unknown", status="open", limit=LISTED)
+    unknown = await deps.history.call("unknown_groups", status="open", limit=LISTED)
     most = max((r["incidents"] for r in stats["by_entry"]), default=0)
     by_failure = "\n".join(f"`{blocks.bar(r['incidents'], most)}` {r['incidents']:>3}  {r['entry']}"
                            for r in stats["by_entry"][:15]) or "No incidents this week."
@@ -44,7 +55,7 @@ async def home_view(deps: Deps) -> dict:
         {"type": "section", "text": {"type": "mrkdwn", "text": "*Flaky hosts*\n" + flaky}},
         {"type": "divider"},
         {"type": "section", "text": {"type": "mrkdwn",
-                                     "text": "*Unknown failures waiting for a knowledge entry*\n" + _lines(unknown, "None.")}},
+                                     "text": "*Unknown failures waiting for a knowledge entry*\n" + _unknown(unknown)}},
     ]
     for block in body:  # every section within Slack's limit
         if block["type"] == "section":

@@ -13,7 +13,7 @@ from typing import BinaryIO
 
 from bot.engine import markers, trends
 from bot.engine.context import line_context
-from bot.engine.redact import redact
+from bot.engine.redact import clip, redact
 from bot.kb.load import Fingerprint, KnowledgeBase
 from bot.match import engines
 
@@ -105,12 +105,9 @@ def _line(data, end: int, cut: int) -> str:
 
 
 def _clip(text: str, start: int, end: int) -> str:
-    """The line, or a window of it around the match when the line is very long."""
-    text = text.rstrip()
-    if len(text) <= EVIDENCE_CHARS:
-        return text
-    left = max(0, min(start - EVIDENCE_CHARS // 4, end - EVIDENCE_CHARS))
-    return ("…" if left else "") + text[left : left + EVIDENCE_CHARS] + "…"
+    """The redacted line, or a redacted window of it around the match when the line is very long
+    (redaction sees the whole neighbourhood, so the window's edge never cuts a secret in two)."""
+    return clip(text, start, end, EVIDENCE_CHARS)
 
 
 class Scanner:
@@ -172,7 +169,7 @@ class Scanner:
             ctx = line_context(line)
             for fp in self.detectors[trend.kind]:
                 hit = Hit(fingerprint=fp, file=file_no, line=first + trend.line,
-                          text=redact(f"{_clip(line, 0, 0)}  <- {trend.meaning}"), rank=ctx.rank, host=ctx.host,
+                          text=f"{_clip(line, 0, 0)}  <- {trend.meaning}", rank=ctx.rank, host=ctx.host,
                           time=ctx.time, time_key=ctx.time_key, groups={"trend": trend.meaning},
                           iteration=trend.iteration, checkpoint=result.checkpoint)
                 result.hits.setdefault(fp, FingerprintHits()).add(hit)
@@ -234,7 +231,7 @@ class Scanner:
         ctx = line_context(text)
         groups = {k: redact(v) for k, v in match.groupdict().items() if v is not None}
         hit = Hit(
-            fingerprint=fp, file=file_no, line=line_no, text=redact(_clip(text, *match.span())),
+            fingerprint=fp, file=file_no, line=line_no, text=_clip(text, *match.span()),
             rank=ctx.rank, host=ctx.host, time=ctx.time, time_key=ctx.time_key, groups=groups,
             iteration=result.iteration, checkpoint=result.checkpoint,
         )
@@ -250,6 +247,6 @@ class Scanner:
         elif marker.kind == markers.TRACEBACK:
             result.tracebacks += 1
         elif marker.kind == markers.EXCEPTION:
-            result.last_exceptions.append(Marked(file_no, line_no, redact(_clip(text, 0, 0))))
+            result.last_exceptions.append(Marked(file_no, line_no, _clip(text, 0, 0)))
         elif len(result.first_errors) < 3:
-            result.first_errors.append(Marked(file_no, line_no, redact(_clip(text, 0, 0))))
+            result.first_errors.append(Marked(file_no, line_no, _clip(text, 0, 0)))

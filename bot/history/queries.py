@@ -88,6 +88,20 @@ class Queries:
         sql = f"select * from incidents where {' and '.join(where)} order by id desc limit ?"
         return list(self.db.query(sql, params + [limit]))
 
+    def unknown_groups(self, status: str | None = "open", limit: int = 50) -> list[dict]:
+        """One row per distinct unknown failure (one signature), latest first: its latest incident's
+        row with `count` (incidents in the group), `first_seen` and `failure` (what it was grouped by)."""
+        where, params = "entry is null", []
+        if status:
+            where += " and status = ?"
+            params.append(status)
+        rows = self.db.query(
+            f"""select i.*, g.count, g.first_seen from incidents i join (
+                  select signature, max(id) as latest, count(*) as count, min(at) as first_seen
+                  from incidents where {where} group by signature) g on i.id = g.latest
+                order by i.id desc limit ?""", params + [limit])
+        return [{**r, "failure": (r["signature_text"] or "").partition("\n")[2]} for r in rows]
+
     def search(self, words: str, limit: int = 50) -> list[dict]:
         """Incidents whose entry, title, job, host, note or evidence mention every word."""
         clauses, params = [], []

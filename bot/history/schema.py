@@ -13,6 +13,9 @@ from pathlib import Path
 import sqlite_utils
 from sqlite_utils import Migrations
 
+from bot.history import signature
+from bot.kb.load import load
+
 migrations = Migrations("trainmedic")
 
 
@@ -53,6 +56,24 @@ def m002_slack(db: sqlite_utils.Database) -> None:
         {"incident": int, "channel": str, "ts": str, "thread_ts": str, "text": str, "blocks": str},
         pk="incident", foreign_keys=[("incident", "incidents", "id")], if_not_exists=True,
     )
+
+
+# m003_* (delivery tables) belong before this one; keep the migrations in the order of their names.
+@migrations()
+def m004_signatures(db: sqlite_utils.Database) -> None:
+    """Stored signatures recomputed as bot/history/signature.py builds them now (the entry, the
+    fingerprint that matched and its stable captures; an unknown by its exception and normalised
+    message), so that earlier incidents link to new ones. The root lines are matched again against
+    the entries the bot diagnoses with; an incident whose lines no longer match keeps its signature."""
+    incidents = list(db.query("select id, entry from incidents"))
+    if not incidents:
+        return
+    kb = load()
+    for row in incidents:
+        evidence = list(db.query("select role, entry, text from evidence where incident = ? order by seq", [row["id"]]))
+        rebuilt = signature.from_evidence(kb, row["entry"], evidence)
+        if rebuilt:
+            db.execute("update incidents set signature = ?, signature_text = ? where id = ?", [*rebuilt, row["id"]])
 
 
 def default_path() -> Path:

@@ -36,6 +36,8 @@ class Fingerprint:
     ends_run: bool = False  # a confirmation saying the process died (knowledge/README.md)
     recovers: bool = False  # the line says the failure before it was recovered from
     detector: str | None = None  # a bot/engine/trends.py kind instead of a regex
+    group: str | None = None  # fingerprints sharing a group are one failure for linking repeats
+    group_by: list[str] = field(default_factory=list, hash=False, compare=False)  # captures that tell failures apart
 
     @property
     def pattern(self) -> engines.Pattern:
