@@ -184,32 +184,35 @@ def _confirmed_failure(kb: KnowledgeBase, present: dict[str, _EntryHits], confir
 
 
 _EXIT_GROUPS = ("exitcode", "returncode", "exit_code")
+_ROLE_RANK = {"root": 0, "cascade": 1, "confirm": 2}
 
 
 def _reported_signal(present: dict[str, _EntryHits], result: ScanResult) -> tuple[int, Hit] | None:
-    """The first signal a wrapper reports a child died of: a negative exit code (-9), a shell exit
-    status 128+N (137), or a captured signal number."""
+    """The signal the first failure a wrapper reports died of: a negative exit code (-9), a shell
+    exit status 128+N (137), or a captured signal number. None when that first report is a plain
+    exit code (a later 137 is then the launcher's teardown, not the cause)."""
     reports = sorted((h for e in present.values() if e.entry.wrapper for h in e.hits), key=lambda h: h.order)
     for hit in reports:
         if fallback.recovered(hit.file, hit.line, result):
             continue  # the launcher restarted the workers and carried on
-        signal = _signal_of(hit.groups)
-        if signal is not None:
-            return signal, hit
+        code = _exit_of(hit.groups)
+        if code is not None:
+            return (code, hit) if code > 0 else None
     return None
 
 
-def _signal_of(groups: dict[str, str]) -> int | None:
+def _exit_of(groups: dict[str, str]) -> int | None:
+    """The signal number a wrapper's captures say the child died of (> 0), 0 for a plain non-zero
+    exit code, None when they say nothing of how it ended."""
+    value = groups.get("signal", "")
+    if value.isdigit():
+        return int(value)
     for name in _EXIT_GROUPS:
         value = groups.get(name, "")
-        if value.lstrip("-").isdigit():
+        if value.lstrip("-").isdigit() and int(value) != 0:
             code = int(value)
-            if code < 0:
-                return -code
-            if 128 < code < 160:
-                return code - 128
-    value = groups.get("signal", "")
-    return int(value) if value.isdigit() else None
+            return -code if code < 0 else code - 128 if 128 < code < 160 else 0
+    return None
 
 
 def _earliest(candidates: list[_EntryHits], roles: tuple[str, ...]) -> _EntryHits:
@@ -255,9 +258,12 @@ def _finding(eh: _EntryHits, role: str, spread: dict[str, tuple[set, set]]) -> F
     firsts = list({h.fingerprint: h for h in reversed(eh.hits)}.values())
     by_line: dict[tuple[int, int], Hit] = {}
     for h in firsts + eh.hits:
-        if len(by_line) >= MAX_EVIDENCE:
-            break
-        by_line.setdefault(h.order, h)
+        if h.order in by_line:
+            # one line, the strongest role's hit (a root line is not shown as a mere confirmation)
+            if _ROLE_RANK[h.fingerprint.role] < _ROLE_RANK[by_line[h.order].fingerprint.role]:
+                by_line[h.order] = h
+        elif len(by_line) < MAX_EVIDENCE:
+            by_line[h.order] = h
     picked = sorted(by_line.values(), key=lambda h: h.order)
     groups: dict[str, str] = {}
     for h in eh.hits:
