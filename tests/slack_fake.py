@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from dataclasses import dataclass, field
 
 from aiohttp import WSMsgType, web
@@ -28,6 +29,7 @@ class Call:
     method: str
     params: dict
     token: str | None
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass

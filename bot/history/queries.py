@@ -62,6 +62,10 @@ class Queries:
                                   " where incident = ? and kind = 'post' order by id limit 1", [incident_id]))
         return rows[0] if rows else None
 
+    def get_delivery(self, key: str) -> dict | None:
+        rows = list(self.db.query("select * from deliveries where key = ?", [key]))
+        return rows[0] if rows else None
+
     def undelivered(self, limit: int = 20) -> list[dict]:
         """Replies that ended failed (newest first): the incident, where, and Slack's reason."""
         return list(self.db.query(

@@ -14,11 +14,10 @@ from typing import Callable
 
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.authorization import AuthorizeResult
-from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack.client import Unauthorized, web_client
-from bot.slack.deliveries import ERROR
+from bot.slack.deliveries import BOT_USER, ERROR
 from bot.slack.intake import REPLAYED, Intake
 from bot.slack.replies import Deps
 
@@ -60,15 +59,20 @@ def create_app(deps: Deps, wake: Callable[[], None]) -> tuple[AsyncApp, Intake]:
 
 
 def _authorizer(token: str | None):
-    """Bolt's authorization from one auth.test, kept once it succeeds. A failure raises (Bolt would
+    """Bolt's authorization from one auth.test, kept once it succeeds. While Slack cannot answer it,
+    an event still runs with the bot user its payload names (`authorizations`), so a pasted log is
+    diagnosed during an outage and its reply waits in the outbox; anything else raises (Bolt would
     answer a Slack error with a 200 and run no listener), so the request is retried later."""
     found: list = []
 
-    async def authorize(client: AsyncWebClient) -> AuthorizeResult:
+    async def authorize(client: AsyncWebClient, context) -> AuthorizeResult:
         if not found:
             try:
                 found.append(await client.auth_test(token=token))
-            except SlackApiError as exc:
+            except Exception as exc:
+                if context.get(BOT_USER):
+                    return AuthorizeResult(enterprise_id=context.enterprise_id, team_id=context.team_id,
+                                           bot_user_id=context[BOT_USER], bot_token=token)
                 raise Unauthorized("auth.test failed") from exc
         return AuthorizeResult.from_auth_test_response(auth_test_response=found[0], bot_token=token)
 

@@ -35,6 +35,7 @@ from bot.slack.replies import Deps, post_row
 log = logging.getLogger("trainmedic")
 
 ERROR = "trainmedic_error"  # context key: the exception a listener raised (see create_app's error handler)
+BOT_USER = "trainmedic_bot_user"  # context key: the bot user an event was sent to (its `authorizations`)
 MAX_ATTEMPTS = 5  # for errors that are not Slack's or the database's
 MAX_BACKOFF = 300.0
 CONCURRENCY = 4
@@ -93,9 +94,13 @@ class Deliveries(WakeLoop):
             self.deps.outbox.wake()
 
     async def _replay(self, row: dict) -> BaseException | None:
+        body = _body(row)
         context = {REPLAYED: row["key"]}
+        auth = (body.get("authorizations") or [{}])[0]
+        if auth.get("is_bot") and auth.get("user_id"):
+            context[BOT_USER] = auth["user_id"]
         if row["mode"] == "socket_mode":
-            req = AsyncBoltRequest(body=json.loads(row["body"]), mode="socket_mode", context=context)
+            req = AsyncBoltRequest(body=body, mode="socket_mode", context=context)
         else:
             req = AsyncBoltRequest(body=row["body"], context=context)
         try:
@@ -129,7 +134,7 @@ class Deliveries(WakeLoop):
 
     async def _tell(self, row: dict, error_id: str, reason: str) -> None:
         """Say in the thread (or to the user of a command) that it failed for good, and only that."""
-        body = json.loads(row["body"]) if row["mode"] == "socket_mode" else parse_body(row["body"], None)
+        body = _body(row)
         text = (f":warning: trainmedic could not answer this: {reason} (error id `{error_id}`; on-call finds "
                 "the details in the bot's log under that id).")
         event = body.get("event") or {}
@@ -144,6 +149,10 @@ class Deliveries(WakeLoop):
                                                          token=self.deps.settings.slack_bot_token)
             except Exception:  # noqa: BLE001 - already logged under the error id
                 log.warning("error %s: could not tell %s", error_id, body.get("user_id"))
+
+
+def _body(row: dict) -> dict:
+    return json.loads(row["body"]) if row["mode"] == "socket_mode" else parse_body(row["body"], None)
 
 
 def _epoch(iso: str | None) -> float:
