@@ -6,6 +6,8 @@ by benchmarks/delivery.py, which prints the figures.
 - `crash_run`: events at a steady rate, the bot killed with SIGKILL at a random moment, restarted,
   N times; then every event must have exactly one reply, every reply must be stored (its buttons
   work), the database must pass `PRAGMA integrity_check`, and no worker process may outlive its bot.
+- `outage_run`: Slack's Web API unreachable for a while, then answering 503 (or 429) for a while,
+  while events keep coming; every reply must arrive afterwards, exactly once.
 - `sigterm_run`: work in flight (Slack slow to answer), SIGTERM, exit 0 within the grace period, a
   request after the signal refused with 503, and after a restart every acknowledged event answered once.
 """
@@ -292,6 +294,53 @@ async def sigterm_run(tmp: Path, mode: str = "http", in_flight: int = 6, grace: 
             out["doubled"] = sorted({k for k in keys if keys.count(k) > 1})
             bot.proc.send_signal(signal.SIGTERM)
             out["second_exit_code"] = await bot.wait()
+        finally:
+            if bot.proc is not None and bot.proc.returncode is None:
+                bot.proc.kill()
+                await bot.proc.wait()
+            await fake.stop()
+    return out
+
+
+async def outage_run(tmp: Path, mode: str = "http", down_s: float = 30.0, status_s: float = 30.0, status: int = 503,
+                     events: int = 20) -> dict:
+    """Events sent while the Web API is down, then while it answers `status`; when does every reply arrive?"""
+    fake = await FakeSlack().start()
+    bot = Bot(fake, tmp / f"outage-{mode}.db", mode)
+    envelope_ids = itertools.count(1)
+    batch = [Event(f"EvOUT{i}", event_body(message(PASTE, ts=f"1700002000.{i:06d}", channel=f"C0CH{i % 4}"),
+                                           f"EvOUT{i}")) for i in range(events)]
+    out: dict = {"mode": mode, "events": events, "down_s": down_s, "status": status, "status_s": status_s}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+        try:
+            await bot.start(http)
+            if mode == "http":  # a Socket Mode bot cannot hear Slack while Slack is down
+                await fake.go_down()
+            else:
+                fake.outage = status
+            started = time.monotonic()
+            for i, event in enumerate(batch):
+                out.setdefault("acks", []).append(await bot.send(http, event, envelope_ids))
+                await asyncio.sleep((down_s + status_s) / events / 2)
+            await asyncio.sleep(max(0.0, started + down_s - time.monotonic()))
+            if mode == "http":
+                await fake.come_up()
+            fake.outage, fake.retry_after = status, 5
+            await asyncio.sleep(status_s)
+            out["posted_during"] = len(fake.posted())
+            fake.outage = None
+            recovered = time.monotonic()
+            want = {f"event:{e.event_id}#1" for e in batch}
+            while not want <= set(fake.reply_keys()) and time.monotonic() < recovered + 180:
+                await asyncio.sleep(0.2)
+            out["all_replies_after_s"] = time.monotonic() - recovered
+            await asyncio.sleep(1.0)
+            keys = fake.reply_keys()
+            out["missing"] = sorted(want - set(keys))
+            out["doubled"] = sorted({k for k in keys if keys.count(k) > 1})
+            out["false_failures"] = sum("could not answer" in m["text"] for m in fake.posted())
+            bot.proc.send_signal(signal.SIGTERM)
+            out["exit_code"] = await bot.wait()
         finally:
             if bot.proc is not None and bot.proc.returncode is None:
                 bot.proc.kill()

@@ -282,3 +282,12 @@ def test_repeats_link_to_the_earlier_slack_thread(tmp_path, tiny):
     h.outbox_sent(row["id"], "1700000000.000200")  # posted in the channel: it starts the thread
     assert h.get_row(first["id"])["thread_ts"] == "1700000000.000200"
     assert h.message_for(first["id"])["ts"] == "1700000000.000200"
+
+
+def test_the_bot_commits_durably_and_reports_its_storage_settings(tmp_path):
+    bot = History(tmp_path / "h.db", serves=True)
+    cli = History(tmp_path / "h.db")
+    s = bot.storage()
+    assert s["journal_mode"] == "wal" and s["synchronous"] == "FULL" and s["busy_timeout_ms"] == 10000
+    assert s["sqlite"] == sqlite3.sqlite_version
+    assert cli.storage()["synchronous"] == "NORMAL"

@@ -256,3 +256,24 @@ def test_the_ack_comes_within_slacks_3_s_while_another_process_holds_the_write_l
             assert bot.fake.reply_keys() == ["event:EvLOCKED#1"]
 
     run(scenario())
+
+
+def test_a_killed_scan_worker_is_replaced_and_the_event_still_answered(tmp_path, kb):
+    import os
+    import signal
+
+    pool = ScanPool(workers=1)
+
+    async def scenario():
+        await pool.text("warm-up")
+        for pid in list(pool._pool._processes):  # the OOM killer takes the worker
+            os.kill(pid, signal.SIGKILL)
+        async with running_bot(tmp_path, kb, pool) as bot:
+            await bot.event(message(OOM), "EvOOMKILLED")
+            [reply] = await bot.fake.wait_for("chat.postMessage", timeout=60)
+            assert "cuda-oom" in str(reply.params["blocks"])
+
+    try:
+        run(scenario())
+    finally:
+        pool.close()

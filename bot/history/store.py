@@ -31,7 +31,7 @@ log = logging.getLogger("trainmedic")
 class History(Writes):
     """Synchronous store: the writes and the queries over one connection. One instance per thread;
     the Slack side wraps it in one writer thread (AsyncHistory). `serves` is True in the bot, which
-    holds the file's serve lock (`lock_for_serving`)."""
+    holds the file's serve lock (`lock_for_serving`) and commits with synchronous=FULL."""
 
     def __init__(self, path: Path | str | None = None, serves: bool = False) -> None:
         self.path = Path(path) if path else default_path()
@@ -41,6 +41,8 @@ class History(Writes):
         # for, so two processes opening a new file at once would fail: connect under the file lock.
         with self._lock():
             self.db = connect(self.path)
+            if serves:  # the bot acks what it stored: a power cut must not take back the last commits
+                self.db.execute("PRAGMA synchronous=FULL")
             pending = migrations.pending(self.db)
             if pending and self._has_data():
                 self._backup(pending[0].name)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import random
 import sqlite3
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import aiohttp
@@ -79,9 +78,9 @@ def failure(exc: BaseException) -> Failure | None:
         return Failure(False, f"cannot reach Slack ({exc.__class__.__name__})")
     if isinstance(exc, (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)):
         return Failure(False, f"no answer from Slack ({exc.__class__.__name__})", uncertain=True)
-    if isinstance(exc, (sqlite3.OperationalError, BrokenProcessPool, TimeoutError)):
+    if isinstance(exc, (sqlite3.OperationalError, TimeoutError)):
         return Failure(False, f"{exc.__class__.__name__}: {exc}")
-    return None
+    return None  # a bug, or a log that kills its scan worker (BrokenProcessPool): tried a few times only
 
 
 def _retry_after(headers: dict) -> float:

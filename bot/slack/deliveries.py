@@ -4,9 +4,9 @@ tasks in memory.
 It claims due requests (state received -> working), replays each through the Bolt app as a
 request flagged `REPLAYED` (the intake middleware lets it through; `process_before_response`
 makes the dispatch return when the listener is done) and ends it `done`. A listener that raises
-leaves its request retryable with backoff: a Slack outage, a 429, a busy database or a dead scan
-worker are retried until the request is `give_up_after` seconds old, anything else (a bug) five
-times; then it ends `failed` and the user is told, with an error id that is in the log. Replaying
+leaves its request retryable with backoff: a Slack outage, a 429 or a busy database are retried
+until the request is `give_up_after` seconds old, anything else (a bug, a scan worker killed by
+the log it read) five times; then it ends `failed` and the user is told, with an error id that is in the log. Replaying
 the request, rather than handing work to a queue of our own, keeps the listeners as they are:
 Bolt parses, matches and injects exactly as for a live request. At start-up `release_working`
 makes what a dead bot was doing due again; on SIGTERM `stop` lets running listeners finish
