@@ -24,6 +24,7 @@ import sqlite3
 import statistics
 import sys
 import time
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -169,6 +170,29 @@ class Bot:
         return await self.proc.wait()
 
 
+@asynccontextmanager
+async def talking_to(fake: FakeSlack, bot: Bot):
+    """An HTTP session for the run; at its end the bot is killed if still up and FakeSlack stopped."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+        try:
+            yield http
+        finally:
+            if bot.proc is not None and bot.proc.returncode is None:
+                bot.proc.kill()
+                await bot.proc.wait()
+            await fake.stop()
+
+
+async def replies_for(fake: FakeSlack, want: set[str], timeout: float) -> tuple[list[str], list[str]]:
+    """Wait until every wanted reply key was posted; (missing, doubled) a second after."""
+    deadline = time.monotonic() + timeout
+    while not want <= set(fake.reply_keys()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(1.0)  # would anything come twice?
+    keys = fake.reply_keys()
+    return sorted(want - set(keys)), sorted({k for k in keys if keys.count(k) > 1})
+
+
 async def _sender(bot: Bot, http, events: list[Event], todo: list[Event], rate: float, envelope_ids, figures: Figures):
     """New events at `rate` a second, and Slack's retries of those without a 2xx or an ack."""
     fresh = (Event(f"EvCRASH{n:05d}", "") for n in itertools.count(len(events)))
@@ -199,46 +223,33 @@ async def crash_run(tmp: Path, iterations: int, mode: str = "http", rate: float 
     todo: list[Event] = []
     envelope_ids = itertools.count(1)
     bot = Bot(fake, db, mode)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
-        try:
-            for _ in range(iterations):
-                figures.restart_s.append(await bot.start(http))
-                sender = asyncio.create_task(_sender(bot, http, events, todo, rate, envelope_ids, figures))
-                await asyncio.sleep(rng.uniform(*alive_s))
-                kids = bot.kill()
-                sender.cancel()
-                await asyncio.gather(sender, return_exceptions=True)
-                figures.exit_codes.append(await bot.wait())
-                figures.iterations += 1
-                await asyncio.sleep(1.5)  # a worker notices its parent is gone within a second
-                figures.orphans += sum(alive(pid) for pid in kids)
+    async with talking_to(fake, bot) as http:
+        for _ in range(iterations):
             figures.restart_s.append(await bot.start(http))
-            todo += [e for e in events if not e.acked and e not in todo]
-            while todo:  # Slack retries what got no 2xx
-                event = todo.pop(0)
-                figures.resent += 1
-                if await bot.send(http, event, envelope_ids) == 200:
-                    event.acked = True
-                else:
-                    todo.append(event)
-            last_event = time.monotonic()
-            want = {f"event:{e.event_id}#1" for e in events}
-            deadline = time.monotonic() + 120
-            while not want <= set(fake.reply_keys()) and time.monotonic() < deadline:
-                await asyncio.sleep(0.2)
-            figures.catch_up_s = time.monotonic() - last_event
-            await asyncio.sleep(1.0)  # would anything come twice?
-            bot.proc.send_signal(signal.SIGTERM)
+            sender = asyncio.create_task(_sender(bot, http, events, todo, rate, envelope_ids, figures))
+            await asyncio.sleep(rng.uniform(*alive_s))
+            kids = bot.kill()
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
             figures.exit_codes.append(await bot.wait())
-        finally:
-            if bot.proc is not None and bot.proc.returncode is None:
-                bot.proc.kill()
-                await bot.proc.wait()
-            await fake.stop()
-    keys = fake.reply_keys()
-    figures.events, figures.replies = len(events), len(keys)
-    figures.missing = sorted(k for k in want if k not in keys)
-    figures.doubled = sorted({k for k in keys if keys.count(k) > 1})
+            figures.iterations += 1
+            await asyncio.sleep(1.5)  # a worker notices its parent is gone within a second
+            figures.orphans += sum(alive(pid) for pid in kids)
+        figures.restart_s.append(await bot.start(http))
+        todo += [e for e in events if not e.acked and e not in todo]
+        while todo:  # Slack retries what got no 2xx
+            event = todo.pop(0)
+            figures.resent += 1
+            if await bot.send(http, event, envelope_ids) == 200:
+                event.acked = True
+            else:
+                todo.append(event)
+        last_event = time.monotonic()
+        figures.missing, figures.doubled = await replies_for(fake, {f"event:{e.event_id}#1" for e in events}, 120)
+        figures.catch_up_s = time.monotonic() - last_event - 1.0
+        bot.proc.send_signal(signal.SIGTERM)
+        figures.exit_codes.append(await bot.wait())
+    figures.events, figures.replies = len(events), len(fake.reply_keys())
     figures.integrity, figures.unstored = _check_db(db, fake)
     return figures
 
@@ -266,39 +277,26 @@ async def sigterm_run(tmp: Path, mode: str = "http", in_flight: int = 6, grace: 
                                               "text": "<@UBOT> what broke?", "ts": f"1700000000.{i + 10:06d}",
                                               "thread_ts": "1700000000.000001"}, f"EvTERM{i}"))
               for i in range(in_flight)]
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
-        try:
-            await bot.start(http)
-            out["acked"] = sum([await bot.send(http, e, envelope_ids) == 200 for e in events])
-            while len(fake.called("conversations.replies")) < min(in_flight, 4):  # listeners are waiting on Slack
-                await asyncio.sleep(0.05)
-            stopping = time.monotonic()
-            bot.proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.3)
-            late = Event("EvLATE", event_body(message(PASTE, ts="1700000300.000001"), "EvLATE"))
-            out["after_signal"] = await bot.send(http, late, envelope_ids)
-            out["exit_code"] = await bot.wait()
-            out["stop_s"] = time.monotonic() - stopping
-            out["replies_before_restart"] = len(fake.reply_keys())
-            await bot.start(http)
-            if out["after_signal"] != 200:  # Slack retries it
-                while await bot.send(http, late, envelope_ids) != 200:
-                    await asyncio.sleep(0.2)
-            want = {f"event:{e.event_id}#1" for e in events + [late]}
-            deadline = time.monotonic() + 60
-            while not want <= set(fake.reply_keys()) and time.monotonic() < deadline:
+    async with talking_to(fake, bot) as http:
+        await bot.start(http)
+        out["acked"] = sum([await bot.send(http, e, envelope_ids) == 200 for e in events])
+        while len(fake.called("conversations.replies")) < min(in_flight, 4):  # listeners are waiting on Slack
+            await asyncio.sleep(0.05)
+        stopping = time.monotonic()
+        bot.proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        late = Event("EvLATE", event_body(message(PASTE, ts="1700000300.000001"), "EvLATE"))
+        out["after_signal"] = await bot.send(http, late, envelope_ids)
+        out["exit_code"] = await bot.wait()
+        out["stop_s"] = time.monotonic() - stopping
+        out["replies_before_restart"] = len(fake.reply_keys())
+        await bot.start(http)
+        if out["after_signal"] != 200:  # Slack retries it
+            while await bot.send(http, late, envelope_ids) != 200:
                 await asyncio.sleep(0.2)
-            await asyncio.sleep(1.0)
-            keys = fake.reply_keys()
-            out["missing"] = sorted(want - set(keys))
-            out["doubled"] = sorted({k for k in keys if keys.count(k) > 1})
-            bot.proc.send_signal(signal.SIGTERM)
-            out["second_exit_code"] = await bot.wait()
-        finally:
-            if bot.proc is not None and bot.proc.returncode is None:
-                bot.proc.kill()
-                await bot.proc.wait()
-            await fake.stop()
+        out["missing"], out["doubled"] = await replies_for(fake, {f"event:{e.event_id}#1" for e in events + [late]}, 60)
+        bot.proc.send_signal(signal.SIGTERM)
+        out["second_exit_code"] = await bot.wait()
     return out
 
 
@@ -306,44 +304,32 @@ async def outage_run(tmp: Path, mode: str = "http", down_s: float = 30.0, status
                      events: int = 20) -> dict:
     """Events sent while the Web API is down, then while it answers `status`; when does every reply arrive?"""
     fake = await FakeSlack().start()
-    bot = Bot(fake, tmp / f"outage-{mode}.db", mode)
+    bot = Bot(fake, tmp / f"outage-{mode}-{status}.db", mode)
     envelope_ids = itertools.count(1)
-    batch = [Event(f"EvOUT{i}", event_body(message(PASTE, ts=f"1700002000.{i:06d}", channel=f"C0CH{i % 4}"),
-                                           f"EvOUT{i}")) for i in range(events)]
+    batch = [Event(f"EvOUT{status}x{i}", event_body(message(PASTE, ts=f"1700002000.{i:06d}", channel=f"C0CH{i % 4}"),
+                                                    f"EvOUT{status}x{i}")) for i in range(events)]
     out: dict = {"mode": mode, "events": events, "down_s": down_s, "status": status, "status_s": status_s}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
-        try:
-            await bot.start(http)
-            if mode == "http":  # a Socket Mode bot cannot hear Slack while Slack is down
-                await fake.go_down()
-            else:
-                fake.outage = status
-            started = time.monotonic()
-            for i, event in enumerate(batch):
-                out.setdefault("acks", []).append(await bot.send(http, event, envelope_ids))
-                await asyncio.sleep((down_s + status_s) / events / 2)
-            await asyncio.sleep(max(0.0, started + down_s - time.monotonic()))
-            if mode == "http":
-                await fake.come_up()
-            fake.outage, fake.retry_after = status, 5
-            await asyncio.sleep(status_s)
-            out["posted_during"] = len(fake.posted())
-            fake.outage = None
-            recovered = time.monotonic()
-            want = {f"event:{e.event_id}#1" for e in batch}
-            while not want <= set(fake.reply_keys()) and time.monotonic() < recovered + 180:
-                await asyncio.sleep(0.2)
-            out["all_replies_after_s"] = time.monotonic() - recovered
-            await asyncio.sleep(1.0)
-            keys = fake.reply_keys()
-            out["missing"] = sorted(want - set(keys))
-            out["doubled"] = sorted({k for k in keys if keys.count(k) > 1})
-            out["false_failures"] = sum("could not answer" in m["text"] for m in fake.posted())
-            bot.proc.send_signal(signal.SIGTERM)
-            out["exit_code"] = await bot.wait()
-        finally:
-            if bot.proc is not None and bot.proc.returncode is None:
-                bot.proc.kill()
-                await bot.proc.wait()
-            await fake.stop()
+    async with talking_to(fake, bot) as http:
+        await bot.start(http)
+        if mode == "http":  # a Socket Mode bot cannot hear Slack while Slack is down
+            await fake.go_down()
+        else:
+            fake.outage = status
+        started = time.monotonic()
+        for i, event in enumerate(batch):
+            out.setdefault("acks", []).append(await bot.send(http, event, envelope_ids))
+            await asyncio.sleep((down_s + status_s) / events / 2)
+        await asyncio.sleep(max(0.0, started + down_s - time.monotonic()))
+        if mode == "http":
+            await fake.come_up()
+        fake.outage, fake.retry_after = status, 5
+        await asyncio.sleep(status_s)
+        out["posted_during"] = len(fake.posted())
+        fake.outage = None
+        recovered = time.monotonic()
+        out["missing"], out["doubled"] = await replies_for(fake, {f"event:{e.event_id}#1" for e in batch}, 180)
+        out["all_replies_after_s"] = time.monotonic() - recovered - 1.0
+        out["false_failures"] = sum("could not answer" in m["text"] for m in fake.posted())
+        bot.proc.send_signal(signal.SIGTERM)
+        out["exit_code"] = await bot.wait()
     return out

@@ -72,19 +72,19 @@ def test_a_long_run_of_503_or_429_delays_replies_but_loses_none(tmp_path, kb, sc
 
     async def scenario():
         async with running_bot(tmp_path, kb, scans) as bot:
-            bot.fake.outage, bot.fake.retry_after = status, 3
+            bot.fake.outage, bot.fake.retry_after = status, 2
             for event, event_id in events:
                 await bot.event(event, event_id)
             await until(lambda: len(bot.fake.called("chat.postMessage")) >= 1, what="a try during the outage")
-            await asyncio.sleep(8)  # more than three tries' worth: the old client gave up here
+            await asyncio.sleep(5)  # more than three tries' worth: the old client gave up there
             assert bot.fake.posted() == []
             bot.fake.outage, cleared = None, time.monotonic()
             await until(lambda: len(bot.fake.posted()) >= 3, what="replies after it")
             await asyncio.sleep(1.5)
             one_reply_each(bot.fake, events)
-            if status == 429:  # Retry-After honoured: no try came sooner than 3 s after a 429 in the channel
+            if status == 429:  # Retry-After honoured: no try came sooner than 2 s after a 429 in the channel
                 tries = [c.at for c in bot.fake.called("chat.postMessage") if c.at < cleared]
-                assert all(b - a >= 2.9 for a, b in zip(tries, tries[1:])), tries
+                assert len(tries) >= 3 and all(b - a >= 1.9 for a, b in zip(tries, tries[1:])), tries
 
     run(scenario())
 
