@@ -40,6 +40,11 @@ SETTINGS: dict[str, str] = {
     "TRAINMEDIC_MAX_DOWNLOAD_MB": "largest Slack file download (default 1024); a bigger plain log is fetched as its first and last halves",
     "TRAINMEDIC_MAX_LOG_MB": "largest log text read from one upload after decompression (default 4096)",
     "TRAINMEDIC_RETENTION_DAYS": "incidents older than this are purged at start-up (default 365; 0 keeps all)",
+    "TRAINMEDIC_SHUTDOWN_GRACE": "seconds the bot lets running work finish after SIGTERM; the rest waits for the next start (default 10)",
+    "TRAINMEDIC_ACK_BUDGET_MS": "longest the bot waits to store a request before acking it; past that it answers 503 and Slack retries (default 1500)",
+    "TRAINMEDIC_MAX_REQUEST_KB": "largest request body the bot accepts from Slack; a bigger one gets 413 (default 1024)",
+    "TRAINMEDIC_GIVE_UP_AFTER": "seconds a request or a reply is retried through Slack outages and a busy database before it ends failed (default 86400)",
+    "TRAINMEDIC_SLACK_TIMEOUT": "seconds a Slack Web API call may take; a post that timed out is looked up before it is sent again (default 20)",
     "TRAINMEDIC_CONFIG": "optional YAML file with any of these settings (the environment wins)",
 }
 DEFAULT_SLACK_API_URL = "https://slack.com/api/"
@@ -85,6 +90,11 @@ class Settings:
     job_policy: str = "channel"
     user_map: dict = field(default_factory=dict)
     allowed_channels: frozenset = frozenset()
+    shutdown_grace: float = 10.0
+    ack_budget: float = 1.5
+    max_request_bytes: int = 1024 << 10
+    give_up_after: float = 86400.0
+    slack_timeout: float = 20.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -119,6 +129,11 @@ class Settings:
             job_policy=_policy(values.get("TRAINMEDIC_JOB_POLICY") or "channel"),
             user_map=_user_map(values.get("TRAINMEDIC_USER_MAP")),
             allowed_channels=frozenset(c.strip() for c in values.get("TRAINMEDIC_ALLOWED_CHANNELS", "").split(",") if c.strip()),
+            shutdown_grace=float(_positive(values, "TRAINMEDIC_SHUTDOWN_GRACE", 10)),
+            ack_budget=_positive(values, "TRAINMEDIC_ACK_BUDGET_MS", 1500) / 1000,
+            max_request_bytes=_positive(values, "TRAINMEDIC_MAX_REQUEST_KB", 1024) << 10,
+            give_up_after=float(_positive(values, "TRAINMEDIC_GIVE_UP_AFTER", 86400)),
+            slack_timeout=float(_positive(values, "TRAINMEDIC_SLACK_TIMEOUT", 20)),
         )
 
 

@@ -6,7 +6,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack import blocks
-from bot.slack.replies import Deps, refresh_reply, report_error
+from bot.slack.replies import Deps, refresh_reply
 
 RESOLVE_VIEW, WRONG_VIEW = "resolve_incident", "wrong_diagnosis"
 UNKNOWN = "unknown"
@@ -65,26 +65,20 @@ def register(app: AsyncApp, deps: Deps) -> None:
                                    "blocks": blocks.entry_blocks(entry)})
 
     @app.view(RESOLVE_VIEW)
-    async def on_resolve_submit(ack, body: dict, view: dict, client: AsyncWebClient) -> None:
+    async def on_resolve_submit(ack, body: dict, view: dict) -> None:
         await ack()
         incident_id = int(view["private_metadata"])
         note = view["state"]["values"]["note"]["value"]["value"] or ""
-        try:
-            await deps.history.call("resolve", incident_id, note, user=body["user"]["id"])
-            await refresh_reply(client, deps, incident_id)
-        except Exception:  # noqa: BLE001
-            await report_error(client, None, None, f"resolving incident {incident_id}")
+        await deps.history.call("resolve", incident_id, note, user=body["user"]["id"])
+        await refresh_reply(deps, incident_id)
 
     @app.view(WRONG_VIEW)
-    async def on_wrong_submit(ack, body: dict, view: dict, client: AsyncWebClient) -> None:
+    async def on_wrong_submit(ack, body: dict, view: dict) -> None:
         await ack()
         incident_id = int(view["private_metadata"])
         values = view["state"]["values"]
         right = values["entry"]["value"]["selected_option"]["value"]
         note = (values.get("note", {}).get("value") or {}).get("value")
-        try:
-            await deps.history.call("mark_wrong", incident_id, None if right == UNKNOWN else right,
-                                    user=body["user"]["id"], note=note)
-            await refresh_reply(client, deps, incident_id)
-        except Exception:  # noqa: BLE001
-            await report_error(client, None, None, f"recording feedback on incident {incident_id}")
+        await deps.history.call("mark_wrong", incident_id, None if right == UNKNOWN else right,
+                                user=body["user"]["id"], note=note)
+        await refresh_reply(deps, incident_id)

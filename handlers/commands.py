@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 from slack_bolt.async_app import AsyncApp
-from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack import blocks
-from bot.slack.replies import Deps, post_diagnosis, report_error
+from bot.slack.replies import Deps, post_diagnosis
 from bot.sources.slurm import JobError, parse_jobid
 
 USAGE = """*Usage*
@@ -47,45 +46,43 @@ async def history_text(deps: Deps, arg: str) -> str:
     return f"*{title}*\n" + "\n".join(lines)
 
 
-def register(app: AsyncApp, deps: Deps) -> None:
-    async def ack_command(ack, command: dict) -> None:
-        text = (command.get("text") or "").strip()
-        if parse_jobid(text) is not None:
-            await ack(f"Diagnosing job {text}…")
-        elif "\n" in text or len(text) > 200:
-            await ack("Diagnosing the pasted log…")
-        else:
-            await ack()
+def ack_text(command: dict) -> str | None:
+    """What the acknowledgement says at once (the intake sends it when it has stored the command)."""
+    text = (command.get("text") or "").strip()
+    if parse_jobid(text) is not None:
+        return f"Diagnosing job {text}…"
+    if "\n" in text or len(text) > 200:
+        return "Diagnosing the pasted log…"
+    return None
 
-    async def run_command(respond, command: dict, client: AsyncWebClient) -> None:
+
+def register(app: AsyncApp, deps: Deps) -> None:
+    @app.command("/diagnose")
+    async def run_command(ack, respond, command: dict) -> None:
+        await ack()  # already acknowledged by the intake; this run is the stored command's replay
         text = (command.get("text") or "").strip()
         word, _, rest = text.partition(" ")
         channel, user = command["channel_id"], command["user_id"]
-        try:
-            if parse_jobid(text) is not None:
-                await _job(client, deps, text, channel, user, respond)
-            elif "\n" in text or len(text) > 200:
-                d = await deps.scans.text(text, name="<slash command>")
-                await post_diagnosis(client, deps, d, channel, None, source="slack-command")
-            elif word == "entry" and rest.strip() in deps.kb.entries:
-                await respond(blocks=blocks.entry_blocks(deps.kb.entries[rest.strip()]), text=rest.strip())
-            elif word == "entry":
-                await respond(f"No entry `{blocks.escape(rest.strip())}`. Try `/diagnose search <words>`.")
-            elif word == "search" and rest.strip():
-                found = search_entries(deps, rest)
-                lines = [f"• `{e.id}` {e.title}" for e in found[:15]] or ["No entry matches."]
-                await respond("*Entries*\n" + "\n".join(lines))
-            elif word == "history":
-                await respond(await history_text(deps, rest.strip()))
-            else:
-                await respond(USAGE if word in ("", "help") else f"I don't understand `{blocks.escape(text[:100])}`.\n{USAGE}")
-        except Exception:  # noqa: BLE001
-            await report_error(client, channel, None, f"running /diagnose {text[:40]}", user=user)
-
-    app.command("/diagnose")(ack=ack_command, lazy=[run_command])
+        if parse_jobid(text) is not None:
+            await _job(deps, text, channel, user, respond)
+        elif "\n" in text or len(text) > 200:
+            d = await deps.scans.text(text, name="<slash command>")
+            await post_diagnosis(deps, d, channel, None, source="slack-command")
+        elif word == "entry" and rest.strip() in deps.kb.entries:
+            await respond(blocks=blocks.entry_blocks(deps.kb.entries[rest.strip()]), text=rest.strip())
+        elif word == "entry":
+            await respond(f"No entry `{blocks.escape(rest.strip())}`. Try `/diagnose search <words>`.")
+        elif word == "search" and rest.strip():
+            found = search_entries(deps, rest)
+            lines = [f"• `{e.id}` {e.title}" for e in found[:15]] or ["No entry matches."]
+            await respond("*Entries*\n" + "\n".join(lines))
+        elif word == "history":
+            await respond(await history_text(deps, rest.strip()))
+        else:
+            await respond(USAGE if word in ("", "help") else f"I don't understand `{blocks.escape(text[:100])}`.\n{USAGE}")
 
 
-async def _job(client: AsyncWebClient, deps: Deps, text: str, channel: str, user: str, respond) -> None:
+async def _job(deps: Deps, text: str, channel: str, user: str, respond) -> None:
     from bot.sources.slurm import diagnose_job
 
     try:
@@ -93,5 +90,5 @@ async def _job(client: AsyncWebClient, deps: Deps, text: str, channel: str, user
     except JobError as exc:
         await respond(f":warning: {blocks.escape(str(exc))}")
         return
-    await post_diagnosis(client, deps, job.diagnosis, channel, None, source="slack-job", job=job.jobid,
+    await post_diagnosis(deps, job.diagnosis, channel, None, source="slack-job", job=job.jobid,
                          notes=job.notes)

@@ -8,7 +8,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack.files import FetchError, fetch, is_log_file
-from bot.slack.replies import Deps, post_diagnosis, report_error
+from bot.slack.replies import Deps, post_diagnosis, say
 from bot.sources.files import InputError, open_log
 
 
@@ -21,10 +21,7 @@ def register(app: AsyncApp, deps: Deps) -> None:
         files = [f for f in event.get("files") or [] if is_log_file(f)]
         if not files:
             return  # a picture or a PDF in a channel: not ours to comment on
-        try:
-            await diagnose_shared_files(client, deps, files, event["channel"], thread)
-        except Exception:  # noqa: BLE001
-            await report_error(client, event["channel"], thread, "diagnosing the uploaded file")
+        await diagnose_shared_files(client, deps, files, event["channel"], thread)
 
 
 async def _complete(client: AsyncWebClient, meta: dict) -> dict:
@@ -71,8 +68,7 @@ async def diagnose_shared_files(client: AsyncWebClient, deps: Deps, files: list[
             pasted.write_text(extra_text)
             parts.append((str(pasted), "<thread>"))
         if not parts:
-            await client.chat_postMessage(channel=channel, thread_ts=thread,
-                                          text=":warning: " + " ".join(problems or notes or ["Nothing to diagnose."]))
+            await say(deps, channel, thread, ":warning: " + " ".join(problems or notes or ["Nothing to diagnose."]))
             return
         d = await deps.scans.files(parts, max_bytes=settings.max_log_bytes)
-        await post_diagnosis(client, deps, d, channel, thread, source="slack-file", notes=problems + notes + d.warnings)
+        await post_diagnosis(deps, d, channel, thread, source="slack-file", notes=problems + notes + d.warnings)

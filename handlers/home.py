@@ -6,7 +6,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.history.queries import thread_link
 from bot.slack import blocks
-from bot.slack.replies import Deps, report_error
+from bot.slack.replies import Deps
 
 LISTED = 8
 
@@ -36,10 +36,16 @@ def _unknown(groups: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _undelivered(row: dict) -> str:
+    what = f"#{row['incident']} {row.get('entry') or 'unknown'}" if row.get("incident") else "a message"
+    return f"{what} in <#{row['channel']}>: {blocks.escape(row.get('error') or 'unknown error')}"
+
+
 async def home_view(deps: Deps) -> dict:
     open_rows = await deps.history.call("list", status="open", limit=LISTED)
     stats = await deps.history.call("stats", 7)
     unknown = await deps.history.call("unknown_groups", status="open", limit=LISTED)
+    undelivered = await deps.history.call("undelivered", LISTED)
     most = max((r["incidents"] for r in stats["by_entry"]), default=0)
     by_failure = "\n".join(f"`{blocks.bar(r['incidents'], most)}` {r['incidents']:>3}  {r['entry']}"
                            for r in stats["by_entry"][:15]) or "No incidents this week."
@@ -57,6 +63,10 @@ async def home_view(deps: Deps) -> dict:
         {"type": "section", "text": {"type": "mrkdwn",
                                      "text": "*Unknown failures waiting for a knowledge entry*\n" + _unknown(unknown)}},
     ]
+    if undelivered:
+        body += [{"type": "divider"},
+                 {"type": "section", "text": {"type": "mrkdwn", "text": "*Replies that could not be delivered*\n" + "\n".join(
+                     f"• {_undelivered(r)}" for r in undelivered)}}]
     for block in body:  # every section within Slack's limit
         if block["type"] == "section":
             block["text"]["text"] = block["text"]["text"][: blocks.SECTION_MAX]
@@ -68,7 +78,4 @@ def register(app: AsyncApp, deps: Deps) -> None:
     async def on_home(event: dict, client: AsyncWebClient) -> None:
         if event.get("tab", "home") != "home":
             return
-        try:
-            await client.views_publish(user_id=event["user"], view=await home_view(deps))
-        except Exception:  # noqa: BLE001
-            await report_error(client, None, None, "publishing the App Home")
+        await client.views_publish(user_id=event["user"], view=await home_view(deps))

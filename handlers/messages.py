@@ -8,7 +8,7 @@ import re
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.slack.replies import Deps, post_diagnosis, report_error
+from bot.slack.replies import Deps, post_diagnosis
 from handlers.files import diagnose_shared_files
 
 _MENTION = re.compile(r"<@[A-Z0-9]+>")
@@ -34,22 +34,17 @@ def register(app: AsyncApp, deps: Deps) -> None:
             return  # the app_mention listener answers this one
         direct = event.get("channel_type") == "im"
         thread = event.get("thread_ts") or event["ts"]
-        try:
-            d = await deps.scans.text(message_text(event))
-            if d.root is not None or direct:
-                await post_diagnosis(client, deps, d, event["channel"], thread, source="slack-paste")
-        except Exception:  # noqa: BLE001 - a listener's error must reach the user, not vanish in a log
-            await report_error(client, event["channel"], thread, "diagnosing this message")
+        # An error here is retried by the delivery worker, which tells the user if it gives up.
+        d = await deps.scans.text(message_text(event))
+        if d.root is not None or direct:
+            await post_diagnosis(deps, d, event["channel"], thread, source="slack-paste")
 
     @app.event("app_mention")
     async def on_mention(event: dict, client: AsyncWebClient, context) -> None:
         if event.get("bot_id"):
             return
         thread = event.get("thread_ts") or event["ts"]
-        try:
-            await answer_thread(client, deps, event["channel"], thread, event, context.get("bot_user_id"))
-        except Exception:  # noqa: BLE001
-            await report_error(client, event["channel"], thread, "diagnosing this thread")
+        await answer_thread(client, deps, event["channel"], thread, event, context.get("bot_user_id"))
 
 
 async def answer_thread(client: AsyncWebClient, deps: Deps, channel: str, thread: str, event: dict,
@@ -67,4 +62,4 @@ async def answer_thread(client: AsyncWebClient, deps: Deps, channel: str, thread
         await diagnose_shared_files(client, deps, shared, channel, thread, extra_text="\n".join(texts))
         return
     d = await deps.scans.text("\n".join(texts), name="<thread>")
-    await post_diagnosis(client, deps, d, channel, thread, source="slack-mention")
+    await post_diagnosis(deps, d, channel, thread, source="slack-mention")

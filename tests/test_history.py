@@ -179,20 +179,100 @@ def test_kill_9_during_writes_leaves_an_intact_database(tmp_path, tiny_folder):
     assert reopened.db.execute("select count(*) from feedback").fetchone()[0] == 1
 
 
-def test_an_older_schema_is_migrated_and_keeps_its_data(tmp_path, tiny):
+def test_an_older_schema_is_migrated_after_a_backup_and_keeps_its_data(tmp_path, tiny):
     import sqlite_utils
 
     path = tmp_path / "old.db"
     db = sqlite_utils.Database(path)
-    migrations.apply(db, stop_before="m002_slack")  # the schema as the first release left it
-    assert "slack_events" not in db.table_names()
+    migrations.apply(db, stop_before="m003_delivery")  # the schema as the second release left it
     db["incidents"].insert({"at": "2026-11-01T00:00:00+00:00", "entry": "cuda-oom", "signature": "cuda-oom:x",
                             "status": "open", "source": "cli"})
+    db["slack_events"].insert({"event_id": "Ev1", "at": "2026-11-01T00:00:00+00:00"})
     db.close()
     h = History(path)
-    assert {"slack_events", "slack_messages"} <= set(h.db.table_names())
+    assert {"deliveries", "outbox", "slack_messages"} <= set(h.db.table_names())
+    assert "slack_events" not in h.db.table_names()
     assert h.get_row(1)["entry"] == "cuda-oom"
-    assert h.claim_event("Ev1") is True and h.claim_event("Ev1") is False
+    assert h.intake("event:Ev1", "event", "http", "{}") == "finished"  # answered before the upgrade: a duplicate
+    assert h.intake("event:Ev2", "event", "http", "{}") == "new"
+    backup = sqlite_utils.Database(tmp_path / "old.db.before-m003_delivery.bak")
+    assert backup["slack_events"].count == 1 and backup["incidents"].count == 1  # the file as it was
+    assert [r[0] for r in backup.execute("pragma integrity_check")] == ["ok"]
+
+
+def test_a_new_file_is_not_backed_up(tmp_path):
+    History(tmp_path / "new.db").close()
+    assert not list(tmp_path.glob("*.bak"))
+
+
+def test_an_incident_and_its_reply_are_one_write_and_a_retry_records_nothing_twice(tmp_path, tiny):
+    h = History(tmp_path / "h.db")
+
+    def reply(incident):
+        return [{"key": "event:Ev1#1", "kind": "post", "channel": "C1", "thread_ts": "1.1", "incident": incident["id"],
+                 "payload": {"text": f"incident {incident['id']}", "blocks": []}}]
+
+    first = h.record(oom(tiny), source="slack-paste", channel="C1", reply_key="event:Ev1#1", replies=reply)
+    again = h.record(oom(tiny), source="slack-paste", channel="C1", reply_key="event:Ev1#1", replies=reply)
+    assert again["id"] == first["id"] and h.db["incidents"].count == 1
+    [row] = h.outbox_pending()
+    assert row["incident"] == first["id"] and row["payload"]["text"] == f"incident {first['id']}"
+
+    def broken(incident):
+        raise RuntimeError("rendering failed")
+
+    with pytest.raises(RuntimeError):
+        h.record(oom(tiny), source="slack-paste", reply_key="event:Ev2#1", replies=broken)
+    assert h.db["incidents"].count == 1  # no incident without its reply
+
+
+def test_a_delivery_is_claimed_retried_released_and_finished(tmp_path):
+    h = History(tmp_path / "h.db")
+    assert h.intake("event:Ev1", "event", "http", '{"x": 1}') == "new"
+    [row] = h.claim_deliveries(4)
+    assert row["attempts"] == 1 and h.claim_deliveries(4) == []  # working: nobody else takes it
+    assert h.intake("event:Ev1", "event", "http", '{"x": 1}') == "pending"  # Slack's retry is acked, not redone
+    h.retry_delivery("event:Ev1", 3600, "Slack answered 503")
+    assert h.claim_deliveries(4) == []  # backing off
+    assert h.intake("event:Ev1", "event", "http", '{"x": 1}') == "pending"  # a retry from Slack makes it due now
+    [row] = h.claim_deliveries(4)
+    assert row["attempts"] == 2
+    assert h.release_working() == 1  # what a dead bot was doing is due again
+    [row] = h.claim_deliveries(4)
+    h.finish_delivery("event:Ev1", "done")
+    done = h.db["deliveries"].get("event:Ev1")
+    assert done["state"] == "done" and done["body"] is None  # a pasted log is not kept once answered
+    assert h.intake("event:Ev1", "event", "http", '{"x": 1}') == "finished"
+
+
+@pytest.mark.parametrize("version, affected", [
+    ((3, 40, 1), True), ((3, 44, 5), True), ((3, 44, 6), False), ((3, 45, 0), True), ((3, 50, 6), True),
+    ((3, 50, 7), False), ((3, 51, 2), True), ((3, 51, 3), False), ((3, 52, 0), False),
+])
+def test_the_wal_reset_bug_versions(version, affected):
+    from bot.history.schema import has_wal_reset_bug
+
+    assert has_wal_reset_bug(version) is affected
+
+
+def test_while_a_bot_serves_a_file_another_writer_follows_the_wal_reset_rule(tmp_path, tiny):
+    from bot.history.schema import has_wal_reset_bug
+    from bot.history.store import lock_for_serving
+
+    path = tmp_path / "h.db"
+    lock = lock_for_serving(path)
+    with pytest.raises(sqlite3.OperationalError, match="another `trainmedic serve`"):
+        lock_for_serving(path, wait=0.2)  # one bot per file
+    cli = History(path)
+    if has_wal_reset_bug():
+        with pytest.raises(sqlite3.OperationalError, match="WAL-reset bug"):
+            cli.record(oom(tiny), source="cli")
+    else:
+        cli.record(oom(tiny), source="cli")
+    assert cli.list() is not None  # reading is always allowed
+    lock.close()
+    cli.record(oom(tiny), source="cli")  # the bot is gone: the CLI writes again
+    assert cli.db["incidents"].count == (1 if has_wal_reset_bug() else 2)
 
 
 def test_repeats_link_to_the_earlier_slack_thread(tmp_path, tiny):
@@ -200,8 +280,21 @@ def test_repeats_link_to_the_earlier_slack_thread(tmp_path, tiny):
     first = h.record(oom(tiny), source="slack-paste", channel="C1", thread_ts="1700000000.000100")
     again = h.record(oom(tiny), source="cli")
     assert again["previous"][0]["where"] == "https://slack.com/archives/C1/p1700000000000100"
-    h.save_message(first["id"], "C2", "1700000000.000200", None, "text", [])
+    h.enqueue([{"key": "command:t1#1", "kind": "post", "channel": "C2", "incident": first["id"],
+                "payload": {"text": "text", "blocks": []}}])
+    [row] = h.outbox_pending()
+    h.outbox_sent(row["id"], "1700000000.000200")  # posted in the channel: it starts the thread
     assert h.get_row(first["id"])["thread_ts"] == "1700000000.000200"
+    assert h.message_for(first["id"])["ts"] == "1700000000.000200"
+
+
+def test_the_bot_commits_durably_and_reports_its_storage_settings(tmp_path):
+    bot = History(tmp_path / "h.db", serves=True)
+    cli = History(tmp_path / "h.db")
+    s = bot.storage()
+    assert s["journal_mode"] == "wal" and s["synchronous"] == "FULL" and s["busy_timeout_ms"] == 10000
+    assert s["sqlite"] == sqlite3.sqlite_version
+    assert cli.storage()["synchronous"] == "NORMAL"
 
 
 # -- signatures: repeats linked as on-call would group them (the shipped knowledge base) ------------

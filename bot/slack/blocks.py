@@ -99,6 +99,16 @@ def status_line(incident_row: dict | None) -> str | None:
     return f":x: Marked wrong diagnosis; the right one is *{escape(incident_row.get('corrected_entry') or 'unknown')}*"
 
 
+def with_status(message_blocks: list[dict], text: str, incident_row: dict) -> tuple[str, list[dict]]:
+    """The reply's blocks showing the incident's current status, above the buttons (which come last)."""
+    status = status_line(incident_row)
+    kept = [b for b in message_blocks if b.get("block_id") != "incident_status"]
+    if status:
+        kept.insert(len(kept) - 1, {"type": "context", "block_id": "incident_status",
+                                    "elements": [{"type": "mrkdwn", "text": status}]})
+    return text, kept
+
+
 def diagnosis_message(d: Diagnosis, incident: dict | None) -> tuple[str, list[dict], bool]:
     """(fallback text, blocks, whether something was cut so the full report should go as a file)."""
     incident_id = incident["id"] if incident else None
