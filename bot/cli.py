@@ -140,6 +140,24 @@ def kb_check() -> None:
     sys.exit(0 if report.ok else 1)
 
 
+@kb.command("score")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@click.option("--misses-only", is_flag=True, help="List only the cases diagnosed wrongly.")
+def kb_score(folder: str, misses_only: bool) -> None:
+    """Score the diagnosis on labelled logs: FOLDER/labels.yaml lists each case's right root.
+
+    Prints each case, top-1 and top-3 accuracy, false alarms on healthy logs ('root: none') and
+    how often each confidence word was right."""
+    from pathlib import Path
+
+    from bot.engine.diagnose import Diagnoser
+    from bot.kbcheck import format_score, score
+
+    if not (Path(folder) / "labels.yaml").is_file():
+        raise UsageProblem(f"{folder}: no labels.yaml (a list of case, root, also_ok)")
+    click.echo(format_score(score(Diagnoser(_load_kb()), Path(folder)), only_misses=misses_only))
+
+
 @main.command()
 @click.option("--port", type=int, default=3000, show_default=True, help="HTTP port (/slack/events, /healthz).")
 @click.option("--socket-mode", is_flag=True, help="Connect to Slack over Socket Mode (SLACK_APP_TOKEN); /healthz stays on --port.")

@@ -5,9 +5,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import knowledge as shipped
-from bot.engine.diagnose import Diagnoser
+from bot.engine.diagnose import Diagnoser, Diagnosis
 from bot.kb import rules
 from bot.kb.load import KnowledgeBase
+from bot.match import engines
 from bot.sources.files import diagnose_paths
 
 
@@ -47,9 +48,11 @@ def _check_entry(diagnoser: Diagnoser, entry_id: str) -> EntryReport:
             report.xfail += 1
             continue
         report.positives += 1
-        report.positives_ok += passed
+        hidden = hidden_by_redaction(d) if passed else []
+        report.positives_ok += passed and not hidden
         if not passed:
             report.failures.append(f"positive {ex['name']!r}: diagnosed as {got or 'nothing'}")
+        report.failures += [f"positive {ex['name']!r}: redaction hides what {fp} matched: {text!r}" for fp, text in hidden]
     for ex in entry.data["examples"]["near_miss"]:
         d = diagnoser.diagnose_text(ex["log"], name=ex["name"])
         hit = [f.entry.id for f in d.findings if f.entry.id == entry_id]
@@ -61,6 +64,13 @@ def _check_entry(diagnoser: Diagnoser, entry_id: str) -> EntryReport:
         if hit:
             report.failures.append(f"near-miss {ex['name']!r}: matched {entry_id}")
     return report
+
+
+def hidden_by_redaction(d: Diagnosis) -> list[tuple[str, str]]:
+    """Root evidence lines (as shown: redacted) that no longer match the fingerprint that found them."""
+    return [(h.fingerprint.id, h.text) for h in d.root.hits
+            if h.fingerprint.detector is None and "…" not in h.text
+            and not engines.re2_compile(h.fingerprint.pattern, text=True).search(h.text)]
 
 
 def benign_files(folder: Path = shipped.BENIGN) -> list[Path]:
@@ -100,4 +110,74 @@ def format_report(report: CheckReport) -> str:
     )
     rows += [f"benign FAIL: {msg}" for msg in report.benign_failures]
     rows.append("kb check: " + ("ok" if report.ok else "FAILED"))
+    return "\n".join(rows)
+
+
+@dataclass
+class Scored:
+    case: str
+    want: str
+    got: str | None
+    top3: list[str]
+    confidence: str | None
+    right: bool
+    in_top3: bool
+
+
+@dataclass
+class ScoreReport:
+    """How the diagnosis does on labelled logs (a folder with labels.yaml, as ../shared/real-logs)."""
+
+    cases: list[Scored]
+
+    def share(self, attr: str, healthy: bool = False) -> tuple[int, int]:
+        pool = [c for c in self.cases if (c.want == "none") == healthy]
+        return sum(getattr(c, attr) for c in pool), len(pool)
+
+    def by_confidence(self) -> dict[str, tuple[int, int]]:
+        """Per confidence word: (right, answers) over the failing logs."""
+        out = {}
+        for word in ("high", "medium", "low"):
+            answered = [c for c in self.cases if c.want != "none" and c.confidence == word]
+            out[word] = (sum(c.right for c in answered), len(answered))
+        return out
+
+    @property
+    def false_alarms(self) -> list[Scored]:
+        return [c for c in self.cases if c.want == "none" and c.got is not None]
+
+
+def _accepted(label: dict) -> set[str | None]:
+    ok = {label["root"], *label.get("also_ok", [])}
+    return {None if x == "none" else x for x in ok}
+
+
+def score(diagnoser: Diagnoser, folder: Path) -> ScoreReport:
+    """Diagnose every case of folder/labels.yaml and compare with its label (root, also_ok)."""
+    import yaml
+
+    labels = yaml.safe_load((folder / "labels.yaml").read_text()) or []
+    cases = []
+    for label in labels:
+        d = diagnose_paths(diagnoser, [str(folder / label["case"])])
+        got = d.root.entry.id if d.root else None
+        ranked = [f.entry.id for f in d.findings[:3]] or [None]
+        accepted = _accepted(label)
+        cases.append(Scored(label["case"], label["root"], got, ranked, d.confidence, got in accepted,
+                            bool(accepted & set(ranked))))
+    return ScoreReport(cases)
+
+
+def format_score(report: ScoreReport, only_misses: bool = False) -> str:
+    rows = [f"{'MISS' if not c.right else 'ok  '} {c.case}: got {c.got} ({c.confidence}), want {c.want}"
+            for c in report.cases if not (only_misses and c.right)]
+    right, failing = report.share("right")
+    top3, _ = report.share("in_top3")
+    healthy = report.share("right", healthy=True)[1]
+    rows.append(f"failing logs: top-1 {right}/{failing} ({right / max(failing, 1):.0%}), "
+                f"top-3 {top3}/{failing} ({top3 / max(failing, 1):.0%}); "
+                f"healthy logs: {len(report.false_alarms)} false alarms of {healthy}")
+    rows.append("confidence   answers   right")
+    for word, (ok, n) in report.by_confidence().items():
+        rows.append(f"{word:<10} {n:>9} {ok:>7}" + (f"  ({ok / n:.0%})" if n else ""))
     return "\n".join(rows)

@@ -5,7 +5,6 @@ import json
 
 from bot.engine.diagnose import Diagnosis, Finding
 from bot.engine.scan import Hit
-from bot.kb.load import Entry
 
 MAX_LISTED = 64  # ranks/hosts listed per finding
 
@@ -25,6 +24,7 @@ def _finding_json(f: Finding, d: Diagnosis) -> dict:
         "score": f.score,
         "evidence": [_evidence(h, d) for h in f.hits],
         "fix": d.fill(f.entry.data["fix"]["summary"], f),
+        "steps": d.steps(f),
         "verify": d.fill(f.entry.data["verify"], f),
         "related": list(f.entry.related),
         "ranks": f.ranks[:MAX_LISTED],
@@ -41,6 +41,7 @@ def to_json(d: Diagnosis, incident: dict | None = None, notes: list[str] | None 
             initiating["file"] = d.scan.files[d.initiating["file"]]
     return {
         "root": d.root.entry.id if d.root else None,
+        "confidence": d.confidence,
         "findings": [_finding_json(f, d) for f in d.findings],
         "initiating": initiating,
         "progress": d.progress,
@@ -51,6 +52,7 @@ def to_json(d: Diagnosis, incident: dict | None = None, notes: list[str] | None 
         "likely_errors": [{"line": m.line, "text": m.text} for m in d.likely_errors()],
         "warnings": d.warnings,
         "notes": notes or [],
+        "timeline": timeline_json(d),
     }
 
 
@@ -59,6 +61,8 @@ def dumps(d: Diagnosis, incident: dict | None = None, notes: list[str] | None = 
 
 
 def where(d: Diagnosis) -> str | None:
+    """Where it started; for a failure that several ranks or hosts show, how it spread (the
+    timeline) and the host that differs from its peers, with its drain command."""
     if not d.initiating or not d.root:
         return None
     parts = []
@@ -70,13 +74,29 @@ def where(d: Diagnosis) -> str | None:
     if len(d.scan.files) > 1:
         line += f" of {d.scan.files[d.initiating['file']]}"
     parts.append(line)
-    spread = []
-    if len(d.root.ranks) > 1:
-        spread.append(f"{len(d.root.ranks)} ranks")
-    if len(d.root.hosts) > 1:
-        spread.append(f"{len(d.root.hosts)} hosts")
-    text = ", ".join(parts)
-    return text + (f" (seen on {' and '.join(spread)})" if spread else "")
+    t = d.timeline
+    if t is not None and t.sources > 1:
+        text = ", ".join(parts) + f" ({t.label})" + (f"; then {t.then}" if t.then else "")
+    else:
+        spread = []
+        if len(d.root.ranks) > 1:
+            spread.append(f"{len(d.root.ranks)} ranks")
+        if len(d.root.hosts) > 1:
+            spread.append(f"{len(d.root.hosts)} hosts")
+        text = ", ".join(parts) + (f" (seen on {' and '.join(spread)})" if spread else "")
+    for odd in t.odd_hosts if t is not None else []:
+        text += f"; {odd.host} differs from its peers ({odd.entry})" + (f", drain it: {odd.drain}" if odd.drain else "")
+    return text
+
+
+def timeline_json(d: Diagnosis) -> dict | None:
+    """The `timeline` key: each rank's and host's first failure line in time order, and the odd hosts."""
+    t = d.timeline
+    if t is None:
+        return None
+    events = [{"entry": e.entry, "role": e.role, **_evidence(e.hit, d)} for e in t.events]
+    return {"summary": t.summary, "events": events,
+            "odd_hosts": [{"host": o.host, "entry": o.entry, "drain": o.drain} for o in t.odd_hosts]}
 
 
 def progress(d: Diagnosis) -> str | None:
@@ -94,22 +114,20 @@ def verdict(d: Diagnosis) -> str:
     """One sentence: what broke."""
     if d.root is None:
         return "No known failure found."
-    confidence = "high" if d.root.score >= 0.8 else "medium" if d.root.score >= 0.5 else "low"
     if d.cascade_only:
         return (f"Only a consequence was found: {d.root.entry.title} ({d.root.entry.id}). "
                 "The initiating failure is not in this text: look at the earliest error of the first rank or host that failed.")
-    return f"{d.root.entry.title} ({d.root.entry.id}, {confidence} confidence)"
+    return f"{d.root.entry.title} ({d.root.entry.id}, {d.confidence} confidence)"
 
 
-def _steps(entry: Entry, d: Diagnosis, f: Finding, md: bool) -> list[str]:
+def _steps(d: Diagnosis, f: Finding, md: bool) -> list[str]:
     out = []
-    for i, step in enumerate(entry.data["fix"]["steps"], 1):
-        out.append(f"{i}. {d.fill(step['text'], f)}")
-        if "command" in step:
-            cmd = d.fill(step["command"], f)
-            out.append(f"   `{cmd}`" if md else f"     $ {cmd}")
-        if "code" in step:  # a change to code or config: shown as code, never as a command
-            code = d.fill(step["code"], f).rstrip("\n")
+    for i, step in enumerate(d.steps(f), 1):
+        out.append(f"{i}. {step['text']}")
+        if step["command"]:
+            out.append(f"   `{step['command']}`" if md else f"     $ {step['command']}")
+        if step["code"]:  # a change to code or config: shown as code, never as a command
+            code = step["code"].rstrip("\n")
             out += ["   ```", *(f"   {line}" for line in code.split("\n")), "   ```"] if md else \
                 [f"     | {line}" for line in code.split("\n")]
     return out
@@ -160,7 +178,7 @@ def to_text(d: Diagnosis, markdown: bool = False, incident: dict | None = None, 
     related_hits = [x for x in d.findings[1:] if x.role == "related"]
     if related_hits:
         out += ["", h("Also seen")] + [f"  - {x.entry.id}: {x.entry.title} (line {x.first.line})" for x in related_hits]
-    out += ["", h("Fix") + " " + d.fill(f.entry.data["fix"]["summary"], f)] + _steps(f.entry, d, f, markdown)
+    out += ["", h("Fix") + " " + d.fill(f.entry.data["fix"]["summary"], f)] + _steps(d, f, markdown)
     out += ["", h("Verify") + " " + code(d.fill(f.entry.data["verify"], f))]
     if f.entry.related:
         out += ["", h("Related entries") + " " + ", ".join(f.entry.related)]

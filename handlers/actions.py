@@ -6,7 +6,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack import blocks
-from bot.slack.replies import Deps, refresh_reply, report_error
+from bot.slack.replies import Deps, Target, refresh_reply, say
 
 RESOLVE_VIEW, WRONG_VIEW = "resolve_incident", "wrong_diagnosis"
 UNKNOWN = "unknown"
@@ -32,34 +32,26 @@ def _entry_select(deps: Deps) -> dict:
             "element": {"type": "static_select", "action_id": "value", "options": options}}
 
 
-async def _show_status(client: AsyncWebClient, deps: Deps, incident_id: int) -> None:
-    """Edit the reply to show the incident's status. A reply that went through a command's
-    response_url, or only to its user, has no message the bot may edit: the history keeps the status."""
-    message = await deps.history.call("message_for", incident_id)
-    if message is not None and message["ts"]:
-        await refresh_reply(client, deps, incident_id)
-
-
 def register(app: AsyncApp, deps: Deps) -> None:
     async def _open(client: AsyncWebClient, body: dict, view: dict) -> None:
         await client.views_open(trigger_id=body["trigger_id"], view=view)
 
-    async def _not_recorded(client: AsyncWebClient, body: dict) -> None:
-        await client.chat_postEphemeral(channel=body["channel"]["id"], user=body["user"]["id"],
-                                        text="This diagnosis was not recorded as an incident, so it has no status.")
+    async def _not_recorded(body: dict) -> None:
+        await say(deps, Target(body["channel"]["id"], private=True, user=body["user"]["id"]),
+                  "This diagnosis was not recorded as an incident, so it has no status.")
 
     @app.action(blocks.ACTION_RESOLVE)
     async def on_resolve(ack, body: dict, action: dict, client: AsyncWebClient) -> None:
         await ack()
         if action["value"] == "0":
-            return await _not_recorded(client, body)
+            return await _not_recorded(body)
         await _open(client, body, _modal(RESOLVE_VIEW, "Resolve incident", action["value"], [_note_input(False)]))
 
     @app.action(blocks.ACTION_WRONG)
     async def on_wrong(ack, body: dict, action: dict, client: AsyncWebClient) -> None:
         await ack()
         if action["value"] == "0":
-            return await _not_recorded(client, body)
+            return await _not_recorded(body)
         view = _modal(WRONG_VIEW, "Wrong diagnosis", action["value"], [_entry_select(deps), _note_input(True)])
         await _open(client, body, view)
 
@@ -73,26 +65,20 @@ def register(app: AsyncApp, deps: Deps) -> None:
                                    "blocks": blocks.entry_blocks(entry)})
 
     @app.view(RESOLVE_VIEW)
-    async def on_resolve_submit(ack, body: dict, view: dict, client: AsyncWebClient) -> None:
+    async def on_resolve_submit(ack, body: dict, view: dict) -> None:
         await ack()
         incident_id = int(view["private_metadata"])
         note = view["state"]["values"]["note"]["value"]["value"] or ""
-        try:
-            await deps.history.call("resolve", incident_id, note, user=body["user"]["id"])
-            await _show_status(client, deps, incident_id)
-        except Exception:  # noqa: BLE001
-            await report_error(client, None, None, f"resolving incident {incident_id}")
+        await deps.history.call("resolve", incident_id, note, user=body["user"]["id"])
+        await refresh_reply(deps, incident_id)
 
     @app.view(WRONG_VIEW)
-    async def on_wrong_submit(ack, body: dict, view: dict, client: AsyncWebClient) -> None:
+    async def on_wrong_submit(ack, body: dict, view: dict) -> None:
         await ack()
         incident_id = int(view["private_metadata"])
         values = view["state"]["values"]
         right = values["entry"]["value"]["selected_option"]["value"]
         note = (values.get("note", {}).get("value") or {}).get("value")
-        try:
-            await deps.history.call("mark_wrong", incident_id, None if right == UNKNOWN else right,
-                                    user=body["user"]["id"], note=note)
-            await _show_status(client, deps, incident_id)
-        except Exception:  # noqa: BLE001
-            await report_error(client, None, None, f"recording feedback on incident {incident_id}")
+        await deps.history.call("mark_wrong", incident_id, None if right == UNKNOWN else right,
+                                user=body["user"]["id"], note=note)
+        await refresh_reply(deps, incident_id)

@@ -1,15 +1,25 @@
 """`/diagnose`: a Slurm job id, help, an entry, a search, the history, or a pasted log.
 
 A diagnosis goes to the channel (through the command's response_url where the bot is not a
-member); help, look-ups, "no known failure" and low-confidence answers go to the user only."""
+member); help, look-ups, "no known failure" and low-confidence answers go to the user only. Every
+answer is an outbox row; errors are not caught here (the delivery worker retries the command and
+tells its user if it gives up)."""
 from __future__ import annotations
 
-from slack_bolt.async_app import AsyncApp
-from slack_sdk.web.async_client import AsyncWebClient
+from dataclasses import replace
 
+from slack_bolt.async_app import AsyncApp
+
+from bot.engine.diagnose import WELL_SUPPORTED, Diagnosis
 from bot.slack import blocks
-from bot.slack.answers import Answer, private_answer
-from bot.slack.replies import Deps, post_diagnosis, report_error
+from bot.slack.replies import (
+    Deps,
+    Target,
+    command_target,
+    placeholder,
+    post_diagnosis,
+    say,
+)
 from bot.slack.text import pasted_text
 from bot.sources.slurm import JobError, parse_jobid
 
@@ -52,59 +62,59 @@ async def history_text(deps: Deps, arg: str) -> str:
     return f"*{title}*\n" + "\n".join(lines)
 
 
-def register(app: AsyncApp, deps: Deps) -> None:
-    async def ack_command(ack, command: dict) -> None:
-        text = (command.get("text") or "").strip()
-        if "\n" in text or len(text) > 200:
-            await ack("Diagnosing the pasted log…")
-        else:
-            await ack()  # a job says so in the channel at once (its placeholder)
+def ack_text(command: dict) -> str | None:
+    """What the acknowledgement says at once (the intake sends it when it has stored the command)."""
+    text = (command.get("text") or "").strip()
+    if parse_jobid(text) is not None:
+        return f"Diagnosing job {text}…"
+    if "\n" in text or len(text) > 200:
+        return "Diagnosing the pasted log…"
+    return None
 
-    async def run_command(respond, command: dict, client: AsyncWebClient) -> None:
+
+def private_answer(d: Diagnosis) -> bool:
+    """Whether a command's diagnosis goes to its user only: nothing known, or a weak guess."""
+    return d.root is None or d.root.score < WELL_SUPPORTED
+
+
+def register(app: AsyncApp, deps: Deps) -> None:
+    @app.command("/diagnose")
+    async def run_command(ack, command: dict) -> None:
+        await ack()  # already acknowledged by the intake; this run is the stored command's replay
         text = (command.get("text") or "").strip()
         word, _, rest = text.partition(" ")
-        channel, user = command["channel_id"], command["user_id"]
-        answer = Answer(client, respond=respond, user=user)
-
-        async def tell(reply: str, **extra) -> None:  # look-ups and help: for the user only
-            await respond(text=reply, response_type="ephemeral", **extra)
-
-        try:
-            if parse_jobid(text) is not None:
-                await _job(answer, deps, text, channel, user)
-            elif "\n" in text or len(text) > 200:
-                d = await deps.scans.text(pasted_text(text), name="<slash command>")
-                answer.private = private_answer(d)
-                await post_diagnosis(answer, deps, d, channel, None, source="slack-command")
-            elif word == "entry" and rest.strip() in deps.kb.entries:
-                await tell(rest.strip(), blocks=blocks.entry_blocks(deps.kb.entries[rest.strip()]))
-            elif word == "entry":
-                await tell(f"No entry `{blocks.escape(rest.strip())}`. Try `/diagnose search <words>`.")
-            elif word == "search" and rest.strip():
-                found = search_entries(deps, rest)
-                lines = [f"• `{e.id}` {e.title}" for e in found[:15]] or ["No entry matches."]
-                await tell("*Entries*\n" + "\n".join(lines))
-            elif word == "history":
-                await tell(await history_text(deps, rest.strip()))
-            else:
-                await tell(USAGE if word in ("", "help") else f"I don't understand `{blocks.escape(text[:100])}`.\n{USAGE}")
-        except Exception:  # noqa: BLE001
-            await report_error(answer, channel, None, f"running /diagnose {text[:40]}", user=user)
-
-    app.command("/diagnose")(ack=ack_command, lazy=[run_command])
+        target = command_target(command)
+        to_user = replace(target, private=True)  # look-ups and help
+        if parse_jobid(text) is not None:
+            await _job(deps, text, target, command["user_id"])
+        elif "\n" in text or len(text) > 200:
+            d = await deps.scans.text(pasted_text(text), name="<slash command>")
+            await post_diagnosis(deps, d, replace(target, private=private_answer(d)), source="slack-command")
+        elif word == "entry" and rest.strip() in deps.kb.entries:
+            await say(deps, to_user, rest.strip(), blocks.entry_blocks(deps.kb.entries[rest.strip()]))
+        elif word == "entry":
+            await say(deps, to_user, f"No entry `{blocks.escape(rest.strip())}`. Try `/diagnose search <words>`.")
+        elif word == "search" and rest.strip():
+            found = search_entries(deps, rest)
+            lines = [f"• `{e.id}` {e.title}" for e in found[:15]] or ["No entry matches."]
+            await say(deps, to_user, "*Entries*\n" + "\n".join(lines))
+        elif word == "history":
+            await say(deps, to_user, await history_text(deps, rest.strip()))
+        else:
+            await say(deps, to_user, USAGE if word in ("", "help") else
+                      f"I don't understand `{blocks.escape(text[:100])}`.\n{USAGE}")
 
 
-async def _job(answer: Answer, deps: Deps, jobid: str, channel: str, user: str) -> None:
+async def _job(deps: Deps, jobid: str, target: Target, user: str) -> None:
     """Reading Slurm can take a while: a placeholder in the channel at once, then the answer in its place."""
     from bot.sources.slurm import diagnose_job
 
-    await answer.placeholder(channel, None, f":hourglass_flowing_sand: Diagnosing job `{jobid}`: reading Slurm's "
-                                            "accounting and the end of its logs…")
+    target = await placeholder(deps, target, f":hourglass_flowing_sand: Diagnosing job `{jobid}`: reading Slurm's "
+                                             "accounting and the end of its logs…")
     try:
-        job = await diagnose_job(deps, jobid, slack_user=user, channel=channel)
+        job = await diagnose_job(deps, jobid, slack_user=user, channel=target.channel)
     except JobError as exc:
-        await answer.chat_postMessage(channel=channel, text=f":warning: {blocks.escape(str(exc))}")
+        await say(deps, target, f":warning: {blocks.escape(str(exc))}")
         return
-    answer.private = private_answer(job.diagnosis)
-    await post_diagnosis(answer, deps, job.diagnosis, channel, None, source="slack-job", job=job.jobid,
-                         notes=job.notes)
+    await post_diagnosis(deps, job.diagnosis, replace(target, private=private_answer(job.diagnosis)), source="slack-job",
+                         job=job.jobid, notes=job.notes)

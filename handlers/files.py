@@ -1,5 +1,6 @@
 """Uploaded log files (`file_share`): several files in one message are one job and get one reply.
-A message that also mentions the bot is answered once, by whichever listener claims it first."""
+A message that also mentions the bot is answered once, by whichever request claims it first; a big
+upload gets a placeholder at once, which the answer (or the error) then replaces."""
 from __future__ import annotations
 
 import tempfile
@@ -8,34 +9,45 @@ from pathlib import Path
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.slack.answers import Answer, progress_text
 from bot.slack.blocks import escape
-from bot.slack.claims import claim_message
 from bot.slack.files import FetchError, Shared, fetch, sort_shared
-from bot.slack.replies import Deps, post_diagnosis, report_error
+from bot.slack.replies import (
+    Deps,
+    Target,
+    answers_message,
+    placeholder,
+    post_diagnosis,
+    say,
+)
 from bot.sources.files import InputError, open_log
+
+SLOW_BYTES = 64 << 20  # uploads this big (together) take long enough to deserve a placeholder
 
 
 def register(app: AsyncApp, deps: Deps) -> None:
     @app.event({"type": "message", "subtype": "file_share"})
-    async def on_file_share(event: dict, body: dict, client: AsyncWebClient) -> None:
+    async def on_file_share(event: dict, client: AsyncWebClient) -> None:
         if not event.get("bot_id"):
-            await answer_upload(client, deps, event, body.get("event_id") or "")
+            await answer_upload(client, deps, event)
 
 
-async def answer_upload(client: AsyncWebClient, deps: Deps, event: dict, event_id: str) -> None:
+async def answer_upload(client: AsyncWebClient, deps: Deps, event: dict) -> None:
     """A message that shares files: its logs diagnosed as one job, one reply in its thread."""
-    channel, thread = event["channel"], event.get("thread_ts") or event["ts"]
-    answer = Answer(client)
-    try:
-        shared = await sort_shared(answer, event.get("files") or [])
-        if not shared.logs and not shared.problems:
-            return  # a picture or a PDF in a channel: not ours to comment on
-        if not await claim_message(deps.history, channel, event["ts"], event_id):
-            return  # the app_mention of this same message answers it
-        await diagnose_shared(answer, deps, shared, channel, thread)
-    except Exception:  # noqa: BLE001
-        await report_error(answer, channel, thread, "diagnosing the uploaded file")
+    shared = await sort_shared(client, event.get("files") or [])
+    if not shared.logs and not shared.problems:
+        return  # a picture or a PDF in a channel: not ours to comment on
+    if not await answers_message(deps, event["channel"], event["ts"]):
+        return  # the app_mention of this same message answers it
+    await diagnose_shared(deps, shared, Target(event["channel"], event.get("thread_ts") or event["ts"]))
+
+
+def progress_text(files: list[dict]) -> str | None:
+    """The placeholder for downloading and scanning these files, or None when they are quick."""
+    size = sum(int(f.get("size") or 0) for f in files)
+    if size < SLOW_BYTES:
+        return None
+    names = ", ".join(f"`{escape(f.get('name') or f['id']).replace('`', '')}`" for f in files)
+    return f":hourglass_flowing_sand: Diagnosing {names} ({size / (1 << 20):,.0f} MB)…"
 
 
 def _not_text(path: str, name: str) -> str | None:
@@ -47,12 +59,11 @@ def _not_text(path: str, name: str) -> str | None:
         return f"{exc}: skipped. Upload the text log (.log, .out, .err, .txt or .gz)."
 
 
-async def diagnose_shared(answer: Answer, deps: Deps, shared: Shared, channel: str, thread: str,
-                          extra_text: str | None = None) -> None:
+async def diagnose_shared(deps: Deps, shared: Shared, target: Target, extra_text: str | None = None) -> None:
     """Download every log file, diagnose them (and `extra_text`) as one job, reply once in the thread."""
     settings = deps.settings
-    if placeholder := progress_text(shared.logs):
-        await answer.placeholder(channel, thread, placeholder)
+    if shown := progress_text(shared.logs):
+        target = await placeholder(deps, target, shown)
     problems = list(shared.problems)
     notes = [f"{name}: skipped, not a log file (.log .out .err .txt .gz)" for name in shared.others]
     with tempfile.TemporaryDirectory(prefix="trainmedic-") as tmp:
@@ -75,8 +86,7 @@ async def diagnose_shared(answer: Answer, deps: Deps, shared: Shared, channel: s
             pasted.write_text(extra_text)
             parts.append((str(pasted), "<thread>"))
         if not parts:
-            await answer.chat_postMessage(channel=channel, thread_ts=thread,
-                                          text=":warning: " + escape(" ".join(problems or notes or ["Nothing to diagnose."])))
+            await say(deps, target, ":warning: " + escape(" ".join(problems or notes or ["Nothing to diagnose."])))
             return
         d = await deps.scans.files(parts, max_bytes=settings.max_log_bytes)
-        await post_diagnosis(answer, deps, d, channel, thread, source="slack-file", notes=problems + notes + d.warnings)
+        await post_diagnosis(deps, d, target, source="slack-file", notes=problems + notes + d.warnings)

@@ -6,7 +6,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.history.queries import thread_link
 from bot.slack import blocks
-from bot.slack.replies import Deps, report_error
+from bot.slack.replies import Deps
 
 LISTED = 8
 
@@ -25,10 +25,27 @@ def _lines(rows: list[dict], empty: str) -> str:
                      for r in rows[:LISTED])
 
 
+def _unknown(groups: list[dict]) -> str:
+    """One line per distinct unknown failure: its latest thread, how often, what it was grouped by."""
+    if not groups:
+        return "None."
+    lines = []
+    for g in groups[:LISTED]:
+        failure = blocks.escape(g["failure"][:90]).replace("`", "'")
+        lines.append(f"• {_link(g)} · ×{g['count']} since {g['first_seen'][:10]} · `{failure}`")
+    return "\n".join(lines)
+
+
+def _undelivered(row: dict) -> str:
+    what = f"#{row['incident']} {row.get('entry') or 'unknown'}" if row.get("incident") else "a message"
+    return f"{what} in <#{row['channel']}>: {blocks.escape(row.get('error') or 'unknown error')}"
+
+
 async def home_view(deps: Deps) -> dict:
     open_rows = await deps.history.call("list", status="open", limit=LISTED)
     stats = await deps.history.call("stats", 7)
-    unknown = await deps.history.call("list", entry="unknown", status="open", limit=LISTED)
+    unknown = await deps.history.call("unknown_groups", status="open", limit=LISTED)
+    undelivered = await deps.history.call("undelivered", LISTED)
     most = max((r["incidents"] for r in stats["by_entry"]), default=0)
     by_failure = "\n".join(f"`{blocks.bar(r['incidents'], most)}` {r['incidents']:>3}  {r['entry']}"
                            for r in stats["by_entry"][:15]) or "No incidents this week."
@@ -44,8 +61,12 @@ async def home_view(deps: Deps) -> dict:
         {"type": "section", "text": {"type": "mrkdwn", "text": "*Flaky hosts*\n" + flaky}},
         {"type": "divider"},
         {"type": "section", "text": {"type": "mrkdwn",
-                                     "text": "*Unknown failures waiting for a knowledge entry*\n" + _lines(unknown, "None.")}},
+                                     "text": "*Unknown failures waiting for a knowledge entry*\n" + _unknown(unknown)}},
     ]
+    if undelivered:
+        body += [{"type": "divider"},
+                 {"type": "section", "text": {"type": "mrkdwn", "text": "*Replies that could not be delivered*\n" + "\n".join(
+                     f"• {_undelivered(r)}" for r in undelivered)}}]
     for block in body:  # every section within Slack's limit
         if block["type"] == "section":
             block["text"]["text"] = block["text"]["text"][: blocks.SECTION_MAX]
@@ -57,7 +78,4 @@ def register(app: AsyncApp, deps: Deps) -> None:
     async def on_home(event: dict, client: AsyncWebClient) -> None:
         if event.get("tab", "home") != "home":
             return
-        try:
-            await client.views_publish(user_id=event["user"], view=await home_view(deps))
-        except Exception:  # noqa: BLE001
-            await report_error(client, None, None, "publishing the App Home")
+        await client.views_publish(user_id=event["user"], view=await home_view(deps))

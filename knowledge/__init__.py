@@ -5,3 +5,5 @@ ROOT = Path(__file__).resolve().parent
 ENTRIES = ROOT / "entries"
 BENIGN = ROOT / "benign"
 SCHEMA = ROOT / "schema.json"
+XIDS = ROOT / "xids.yaml"
+XIDS_SCHEMA = ROOT / "xids.schema.json"

@@ -1,5 +1,8 @@
+import json
+import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -71,3 +74,41 @@ def write_entries(folder: Path, *entries: dict) -> Path:
     for e in entries:
         (folder / f"{e['id']}.yaml").write_text(yaml.safe_dump(e, sort_keys=False))
     return folder
+
+
+FAKES = Path(__file__).parent / "fakes"
+
+
+@dataclass
+class FakeSlurm:
+    """The fake cluster of tests/fakes: its answers in a JSON file, every command it ran in another."""
+
+    root: Path
+    db: Path
+    calls: Path
+
+    def add(self, jobid: str, scontrol: list | None = None, sacct: list | None = None) -> None:
+        data = json.loads(self.db.read_text())
+        if scontrol is not None:
+            data["scontrol"][jobid] = scontrol
+        if sacct is not None:
+            data["sacct"][jobid] = sacct
+        self.db.write_text(json.dumps(data))
+
+    def invocations(self) -> list:
+        return [json.loads(line) for line in self.calls.read_text().splitlines()] if self.calls.exists() else []
+
+
+@pytest.fixture
+def slurm(tmp_path, monkeypatch):
+    """Fake Slurm commands first on PATH, and a log root (scratch/) the job logs may be read from."""
+    root = tmp_path / "scratch"
+    root.mkdir()
+    db = tmp_path / "slurm.json"
+    db.write_text(json.dumps({"scontrol": {}, "sacct": {}}))
+    monkeypatch.setenv("PATH", f"{FAKES}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM_DB", str(db))
+    monkeypatch.setenv("FAKE_SLURM_CALLS", str(tmp_path / "calls.jsonl"))
+    monkeypatch.setenv("FAKE_SLURM_CHILD", str(tmp_path / "child.pid"))
+    monkeypatch.setenv("TRAINMEDIC_SLURM_LOG_ROOTS", str(root))
+    return FakeSlurm(root, db, tmp_path / "calls.jsonl")

@@ -2,15 +2,22 @@
 (only with a Bearer xoxb- token; the HTML login page otherwise), the external upload flow and a
 Socket Mode websocket. Every call is recorded for the tests to assert on.
 
-Slack's answers where the bot is not welcome: `not_member` (channel -> not_in_channel or
-channel_not_found for every post, ephemeral, edit and upload there), `file_errors` (file id ->
-what files.info answers, e.g. file_deleted), `refused_responses` (response types that the
-response_url refuses), and apps.connections.open refuses any token that is not an app token."""
+It keeps the messages the bot posted (with their metadata and files), so conversations.replies
+and conversations.history can find them again, and it plays Slack's bad days: `go_down()` and
+`come_up()` (nothing listens on the port), `outage` (every call answers that status: 503, or 429
+with `retry_after`), `fail` (statuses for the next calls of one method), `slow` (a call that does
+its work, then answers only after a delay: the bot's timeout fires) and `method_errors`.
+
+Slack's answers where the bot is not welcome: `channel_errors` (channel -> not_in_channel or
+channel_not_found for every post, ephemeral, edit, deletion, upload and read there), `file_errors`
+(file id -> what files.info answers, e.g. file_deleted), `refused_responses` (response types that
+the response_url refuses), and apps.connections.open refuses any token that is not an app token."""
 from __future__ import annotations
 
 import asyncio
 import itertools
 import json
+import time
 from dataclasses import dataclass, field
 
 from aiohttp import WSMsgType, web
@@ -26,6 +33,7 @@ class Call:
     method: str
     params: dict
     token: str | None
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -38,11 +46,18 @@ class FakeSlack:
     socket_accepts: bool = True
     uploads: dict[str, bytes] = field(default_factory=dict)
     sockets: list = field(default_factory=list)
-    not_member: dict[str, str] = field(default_factory=dict)
-    file_errors: dict[str, str] = field(default_factory=dict)
-    refused_responses: set[str] = field(default_factory=set)
+    messages: list[dict] = field(default_factory=list)  # what the bot posted and Slack kept
+    outage: int | None = None  # every API call answers this status while set
+    retry_after: float = 1
+    slow: dict[str, list[float]] = field(default_factory=dict)  # method -> seconds to wait before answering
+    channel_errors: dict[str, str] = field(default_factory=dict)  # channel -> error for every call there
+    method_errors: dict[str, str] = field(default_factory=dict)  # method -> error (ok: false) for every call
+    file_errors: dict[str, str] = field(default_factory=dict)  # file id -> what files.info answers
+    refused_responses: set[str] = field(default_factory=set)  # response types the response_url refuses
     _ts: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _names: dict[str, str] = field(default_factory=dict)
     url: str = ""
+    port: int = 0
 
     # -- the server --------------------------------------------------------------------------
 
@@ -57,11 +72,20 @@ class FakeSlack:
         app.router.add_post("/response/{cmd}", self._response)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
+        await self.come_up()
+        self.url = f"http://127.0.0.1:{self.port}"
         return self
+
+    async def come_up(self) -> None:
+        self._site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+        await self._site.start()
+        self.port = self._site._server.sockets[0].getsockname()[1]
+
+    async def go_down(self) -> None:
+        """Slack unreachable: the port refuses connections (open websockets are dropped)."""
+        for ws in self.sockets:
+            await ws.close()
+        await self._site.stop()
 
     async def stop(self) -> None:
         for ws in self.sockets:
@@ -82,6 +106,22 @@ class FakeSlack:
 
     def called(self, method: str) -> list[Call]:
         return [c for c in self.calls if c.method == method]
+
+    def posted(self, channel: str | None = None) -> list[dict]:
+        """The messages Slack kept (posts that succeeded, even when their answer came too late)."""
+        return [m for m in self.messages if channel is None or m["channel"] == channel]
+
+    def reply_keys(self) -> list[str]:
+        return [m["metadata"]["event_payload"]["key"] for m in self.messages if m.get("metadata")]
+
+    async def send_envelope(self, payload: dict, envelope_id: str, kind: str = "events_api") -> None:
+        """Deliver over the newest Socket Mode connection, as Slack does."""
+        envelope = {"envelope_id": envelope_id, "type": kind, "accepts_response_payload": kind != "events_api",
+                    "payload": payload}
+        await self.sockets[-1].send_str(json.dumps(envelope))
+
+    def acked(self, envelope_id: str) -> list[Call]:
+        return [c for c in self.called("socket-ack") if c.params.get("envelope_id") == envelope_id]
 
     async def wait_for(self, method: str, count: int = 1, timeout: float = 30.0) -> list[Call]:
         deadline = asyncio.get_running_loop().time() + timeout
@@ -113,28 +153,32 @@ class FakeSlack:
         token = auth.removeprefix("Bearer ") or params.get("token")
         self.calls.append(Call(method, params, token))
         statuses = self.fail.get(method)
-        if statuses:
-            status = statuses.pop(0)
-            headers = {"Retry-After": "1"} if status == 429 else {}
-            return web.json_response({"ok": False, "error": "ratelimited" if status == 429 else "fatal_error"},
+        status = statuses.pop(0) if statuses else self.outage
+        if status:
+            headers = {"Retry-After": str(self.retry_after)} if status == 429 else {}
+            return web.json_response({"ok": False, "error": "ratelimited" if status == 429 else "service_unavailable"},
                                      status=status, headers=headers)
         if token not in (BOT_TOKEN, APP_TOKEN):
             return web.json_response({"ok": False, "error": "invalid_auth"})
         if refusal := self._refusal(method, params, token):
             return web.json_response({"ok": False, "error": refusal})
-        return web.json_response(self._answer(method, params))
+        answer = self._answer(method, params)
+        if self.slow.get(method):
+            await asyncio.sleep(self.slow[method].pop(0))  # the work is done; the answer is late
+        return web.json_response(answer)
 
-    _IN_CHANNEL = ("chat.postMessage", "chat.postEphemeral", "chat.update", "chat.delete", "files.completeUploadExternal")
+    _IN_CHANNEL = ("chat.postMessage", "chat.postEphemeral", "chat.update", "chat.delete", "files.completeUploadExternal",
+                   "conversations.replies", "conversations.history")
 
     def _refusal(self, method: str, params: dict, token: str) -> str | None:
         """The error Slack gives a well-formed call it will not do, or None."""
         if method == "apps.connections.open" and not token.startswith("xapp-"):
             return "not_allowed_token_type"
-        if method in self._IN_CHANNEL:
-            return self.not_member.get(params.get("channel") or params.get("channel_id"))
-        if method == "files.info":
-            return self.file_errors.get(params.get("file"))
-        return None
+        if method in self._IN_CHANNEL and (params.get("channel") or params.get("channel_id")) in self.channel_errors:
+            return self.channel_errors[params.get("channel") or params.get("channel_id")]
+        if method == "files.info" and params.get("file") in self.file_errors:
+            return self.file_errors[params["file"]]
+        return self.method_errors.get(method)
 
     def _answer(self, method: str, params: dict) -> dict:
         ok = {"ok": True}
@@ -142,21 +186,43 @@ class FakeSlack:
             return {**ok, "user_id": "UBOT", "bot_id": "BBOT", "team_id": "T1", "user": "trainmedic"}
         if method in ("chat.postMessage", "chat.update"):
             ts = params.get("ts") or f"1700000000.{next(self._ts):06d}"
+            if method == "chat.postMessage":
+                self._keep(params["channel"], ts, params.get("thread_ts"), params.get("text"), params.get("metadata"))
             return {**ok, "channel": params.get("channel"), "ts": ts}
         if method == "conversations.replies":
-            return {**ok, "messages": self.thread, "has_more": False}
+            kept = [m for m in self.messages if m["channel"] == params["channel"] and m.get("thread_ts") == params["ts"]]
+            return {**ok, "messages": self.thread + self._shown(kept, params), "has_more": False}
+        if method == "conversations.history":
+            kept = [m for m in self.messages if m["channel"] == params["channel"] and not m.get("thread_ts")]
+            return {**ok, "messages": self._shown(kept, params)[::-1], "has_more": False}
         if method == "files.info":
             meta, _ = self.files[params["file"]]
             return {**ok, "file": meta}
         if method == "files.getUploadURLExternal":
             file_id = f"FUP{next(self._ts)}"
+            self._names[file_id] = params.get("filename")
             return {**ok, "upload_url": f"{self.url}/upload/{file_id}", "file_id": file_id}
         if method == "files.completeUploadExternal":
-            return {**ok, "files": [{"id": f["id"]} for f in json.loads(params["files"])]} \
-                if isinstance(params.get("files"), str) else {**ok, "files": params.get("files")}
+            files = json.loads(params["files"]) if isinstance(params.get("files"), str) else params.get("files")
+            self._keep(params.get("channel_id") or params.get("channel"), f"1700000000.{next(self._ts):06d}",
+                       params.get("thread_ts"), "", None, files=[{"id": f["id"], "name": self._names.get(f["id"])}
+                                                                  for f in files])
+            return {**ok, "files": [{"id": f["id"]} for f in files]}
         if method == "apps.connections.open":
             return {**ok, "url": self.url.replace("http", "ws") + "/socket"}
         return ok
+
+    def _keep(self, channel: str, ts: str, thread_ts: str | None, text: str | None, metadata, files=None) -> None:
+        if isinstance(metadata, str):
+            metadata = json.loads(metadata)
+        self.messages.append({"channel": channel, "ts": ts, "thread_ts": thread_ts, "text": text or "", "user": "UBOT",
+                              "bot_id": "BBOT", "metadata": metadata, "files": files or []})
+
+    @staticmethod
+    def _shown(messages: list[dict], params: dict) -> list[dict]:
+        """Slack returns metadata only when asked (include_all_metadata)."""
+        with_meta = str(params.get("include_all_metadata")).lower() in ("1", "true")
+        return [{k: v for k, v in m.items() if with_meta or k != "metadata"} for m in messages]
 
     async def _download(self, request: web.Request) -> web.StreamResponse:
         auth = request.headers.get("Authorization", "")

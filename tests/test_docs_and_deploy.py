@@ -69,3 +69,15 @@ def test_kubernetes_manifests_parse_and_probe_healthz():
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert deployment["spec"]["replicas"] == 1
+
+
+def test_deploy_files_give_the_shutdown_grace_time_to_finish():
+    from bot.config import Settings
+
+    grace = Settings().shutdown_grace
+    unit = (ROOT / "deploy" / "trainmedic.service").read_text()
+    stop = re.search(r"^TimeoutStopSec=(\d+)$", unit, re.M)
+    assert stop and int(stop.group(1)) > grace and re.search(r"^KillMode=mixed$", unit, re.M)
+    deployment = next(d for d in yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "deployment.yaml").read_text())
+                      if d["kind"] == "Deployment")
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > grace

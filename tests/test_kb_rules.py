@@ -52,3 +52,12 @@ def test_should_flag(steps, needle):
 ])
 def test_should_not_flag(steps, confirm):
     assert rules.problems(_entry(*steps, confirm=confirm)) == []
+
+
+def test_each_xid_action_selection_is_checked_on_its_own():
+    """An idle check shown only for RESET_GPU does not cover a reboot shown for RESTART_BM."""
+    idle = dict(IDLE, xid_actions=["RESET_GPU"])
+    reboot = {"text": "reboot", "command": "sudo systemctl reboot", "xid_actions": ["RESET_GPU", "RESTART_BM"]}
+    found = rules.problems(_entry(idle, reboot))
+    assert any("(Xid action RESTART_BM)" in p and "nothing runs there" in p for p in found), found
+    assert not rules.problems(_entry(dict(IDLE, xid_actions=["RESET_GPU", "RESTART_BM"]), reboot))

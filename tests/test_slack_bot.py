@@ -105,7 +105,7 @@ def test_chatter_gets_silence_and_bots_are_ignored(tmp_path, kb, scans):
 def test_a_direct_message_is_always_answered(tmp_path, kb, scans):
     async def scenario():
         async with running_bot(tmp_path, kb, scans) as bot:
-            await bot.event(message("Traceback (most recent call last):\nWeirdLibError: flux capacitor", channel_type="im"))
+            await bot.event(message("warmup done\nWeirdLibError: flux capacitor", channel_type="im"))
             [reply] = await bot.fake.wait_for("chat.postMessage")
             assert "No known failure" in _text_of(reply) and "WeirdLibError" in _text_of(reply)
 
@@ -330,15 +330,17 @@ def test_text_pasted_after_the_command_is_diagnosed(tmp_path, kb, scans):
     run(scenario())
 
 
-def test_a_listener_error_becomes_a_message_with_an_error_id(tmp_path, kb, scans, caplog):
+def test_a_permanent_listener_error_becomes_a_message_with_an_error_id(tmp_path, kb, scans, caplog):
     async def scenario():
         async with running_bot(tmp_path, kb, scans) as bot:
-            bot.fake.fail["conversations.replies"] = [500, 500, 500]  # retried twice, then it fails
+            bot.fake.method_errors["conversations.replies"] = "thread_not_found"  # no retry can mend that
             await bot.event({"type": "app_mention", "channel": CHANNEL, "user": "U2", "text": "<@UBOT> help",
                              "ts": "1700000000.000003"})
             [reply] = await bot.fake.wait_for("chat.postMessage")
-            error_id = reply.params["text"].split("error id `")[1].split("`")[0]
-            assert len(error_id) == 8
+            text = reply.params["text"]
+            error_id = text.split("error id `")[1].split("`")[0]
+            assert len(error_id) == 8 and "thread_not_found" in text and "Nothing was lost" not in text
+            assert len(bot.fake.called("conversations.replies")) == 1
             return error_id
 
     error_id = run(scenario())

@@ -40,8 +40,9 @@ async def _serve(tmp_path, fake: FakeSlack, *args: str, **env_extra):
     port = free_port()
     env = {**os.environ, "SLACK_BOT_TOKEN": BOT_TOKEN, "SLACK_SIGNING_SECRET": SIGNING_SECRET,
            "TRAINMEDIC_SLACK_API_URL": fake.api_url, "TRAINMEDIC_DB": str(tmp_path / "serve.db"), **env_extra}
+    port_args = [] if "--port" in args else ["--port", str(port)]
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.cli", "serve", "--port", str(port), "--host", "127.0.0.1", *args,
+        sys.executable, "-m", "bot.cli", "serve", *port_args, "--host", "127.0.0.1", *args,
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     return proc, port
 
@@ -121,3 +122,41 @@ def test_serve_refuses_to_start_without_its_secrets(tmp_path):
         assert proc.returncode == 2 and b"SLACK_SIGNING_SECRET" in out
 
     asyncio.run(scenario())
+
+
+def test_every_start_up_failure_is_one_line_and_exit_2(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    held = tmp_path / "held.db"
+
+    async def scenario():
+        fake = await FakeSlack().start()
+        try:
+            cases = [
+                ({"TRAINMEDIC_DB": str(blocker / "incidents.db")}, [], "cannot use the incident history"),
+                ({"TRAINMEDIC_SHUTDOWN_GRACE": "ten"}, [], "TRAINMEDIC_SHUTDOWN_GRACE='ten'"),
+                ({"TRAINMEDIC_ACK_BUDGET_MS": "0"}, [], "TRAINMEDIC_ACK_BUDGET_MS=0"),
+                ({}, ["--port", str(taken.getsockname()[1])], "cannot listen on"),
+            ]
+            first, first_port = await _serve(tmp_path, fake, TRAINMEDIC_DB=str(held))  # a bot already serves held.db
+            async with aiohttp.ClientSession() as http:
+                await _until(lambda: _is_up(http, first_port), what="the first bot")
+            cases.append(({"TRAINMEDIC_DB": str(held)}, [], "in use by another `trainmedic serve`"))
+            for env, args, expect in cases:
+                proc, _ = await _serve(tmp_path, fake, *args, **env)
+                out, _ = await asyncio.wait_for(proc.communicate(), 60)
+                text = out.decode()
+                assert proc.returncode == 2, text[-2000:]
+                assert "Traceback" not in text and expect in text.strip().splitlines()[-1], text[-2000:]
+            await _stop(first)
+        finally:
+            await fake.stop()
+
+    async def _is_up(http, port):
+        return await _health(http, port) == 200
+
+    asyncio.run(scenario())
+    taken.close()

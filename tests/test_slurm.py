@@ -3,16 +3,13 @@ import asyncio
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import FAKES, run_cli
 
 from bot.config import Settings
 from bot.sources.slurm import JobError, collect, expand, parse_jobid
-
-FAKES = Path(__file__).parent / "fakes"
 
 OOM_LOG = """\
 [rank0]: iteration    41000/  500000 | lm loss: 1.912E+00 |
@@ -42,38 +39,6 @@ def steps(jobid, state, maxrss="74659840K", reqmem="64G", exit_code="0:125"):
             {"JobID": f"{jobid}.0", "JobName": "python", "User": "", "State": state, "ExitCode": exit_code,
              "NodeList": "gpu-a100-17", "Elapsed": "1-00:00:00", "Timelimit": "", "ReqMem": reqmem,
              "MaxRSS": maxrss, "MaxRSSNode": "gpu-a100-17", "WorkDir": "/work"}]
-
-
-@dataclass
-class FakeSlurm:
-    root: Path
-    db: Path
-    calls: Path
-
-    def add(self, jobid: str, scontrol: list | None = None, sacct: list | None = None) -> None:
-        data = json.loads(self.db.read_text())
-        if scontrol is not None:
-            data["scontrol"][jobid] = scontrol
-        if sacct is not None:
-            data["sacct"][jobid] = sacct
-        self.db.write_text(json.dumps(data))
-
-    def invocations(self) -> list:
-        return [json.loads(line) for line in self.calls.read_text().splitlines()] if self.calls.exists() else []
-
-
-@pytest.fixture
-def slurm(tmp_path, monkeypatch):
-    root = tmp_path / "scratch"
-    root.mkdir()
-    db = tmp_path / "slurm.json"
-    db.write_text(json.dumps({"scontrol": {}, "sacct": {}}))
-    monkeypatch.setenv("PATH", f"{FAKES}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_SLURM_DB", str(db))
-    monkeypatch.setenv("FAKE_SLURM_CALLS", str(tmp_path / "calls.jsonl"))
-    monkeypatch.setenv("FAKE_SLURM_CHILD", str(tmp_path / "child.pid"))
-    monkeypatch.setenv("TRAINMEDIC_SLURM_LOG_ROOTS", str(root))
-    return FakeSlurm(root, db, tmp_path / "calls.jsonl")
 
 
 def _json(*args):
@@ -137,7 +102,7 @@ HOSTILE = ["1;id", "$(id)", "`id`", "1 2", "1\n2", "../1", "1/../../etc/passwd",
 def test_hostile_job_ids_are_refused_before_any_process_starts(slurm, jobid):
     assert parse_jobid(jobid) is None
     with pytest.raises(JobError, match="not a Slurm job id"):
-        collect(Settings.from_env(), jobid)
+        asyncio.run(collect(Settings.from_env(), jobid))
     assert slurm.invocations() == []
 
 
@@ -158,7 +123,7 @@ def test_logs_outside_the_roots_or_behind_symlinks_are_not_read(slurm, tmp_path)
     secret.write_text("slurmstepd: error: *** JOB 1 ON x CANCELLED AT 2024-01-01T00:00:00 DUE TO TIME LIMIT ***\n")
     (slurm.root / "link.out").symlink_to(secret)
     slurm.add("7200", [record("7200", "FAILED", StdOut=str(secret), StdErr=str(slurm.root / "link.out"))])
-    collected = collect(Settings.from_env(), "7200")
+    collected = asyncio.run(collect(Settings.from_env(), "7200"))
     try:
         assert [name for _, name in collected.parts] == ["<slurm accounting of 7200>"]
         assert sum("outside TRAINMEDIC_SLURM_LOG_ROOTS" in n for n in collected.notes) == 2
@@ -170,7 +135,7 @@ def test_logs_outside_the_roots_or_behind_symlinks_are_not_read(slurm, tmp_path)
 def test_a_fifo_in_the_root_is_refused(slurm):
     os.mkfifo(slurm.root / "pipe.out")
     slurm.add("7300", [record("7300", "FAILED", StdOut=str(slurm.root / "pipe.out"))])
-    collected = collect(Settings.from_env(), "7300")
+    collected = asyncio.run(collect(Settings.from_env(), "7300"))
     collected.folder.cleanup()
     assert any("not a regular file" in n for n in collected.notes)
 
@@ -182,26 +147,38 @@ def test_only_the_tail_of_a_big_log_is_read(slurm, monkeypatch):
         f.write("[rank0]: iteration 1/ 9 | loss 2 |\n" * 200_000)
         f.write(OOM_LOG)
     slurm.add("7400", [record("7400", "OUT_OF_MEMORY", StdOut=str(big))])
-    collected = collect(Settings.from_env(), "7400")
+    collected = asyncio.run(collect(Settings.from_env(), "7400"))
     try:
         assert Path(collected.parts[0][0]).stat().st_size == 1 << 20
     finally:
         collected.folder.cleanup()
 
 
-def test_a_hanging_scontrol_ends_at_the_timeout_with_its_children(slurm, monkeypatch, tmp_path):
+def _gone(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    # killed: gone, or a zombie nobody has reaped yet
+    return not status.exists() or "State:\tZ" in status.read_text()
+
+
+def test_a_hanging_scontrol_ends_at_the_timeout_with_its_children_and_sacct_answers(slurm, monkeypatch, tmp_path):
     monkeypatch.setenv("FAKE_SLURM_HANG", "scontrol")
     monkeypatch.setenv("TRAINMEDIC_SLURM_TIMEOUT", "2")
-    slurm.add("7500", sacct=steps("7500", "FAILED"))
-    started = time.monotonic()
-    proc = run_cli("diagnose", "--job", "7500")
-    assert time.monotonic() - started < 30
-    assert proc.returncode == 2 and b"did not answer within 2 s" in proc.stderr
+    slurm.add("7500", sacct=steps("7500", "TIMEOUT"))
+    out = _json("--job", "7500")
+    assert out["root"] == "slurm-time-limit"  # from sacct's accounting
+    assert "scontrol did not answer within 2 s; the job was read from sacct" in out["notes"]
     child = int((tmp_path / "child.pid").read_text())
     time.sleep(0.2)
-    status = Path(f"/proc/{child}/status")
-    # the hung command's own child was killed with its group: gone, or a zombie nobody has reaped yet
-    assert not status.exists() or "State:\tZ" in status.read_text()
+    assert _gone(child)
+
+
+def test_when_neither_scontrol_nor_sacct_answers_the_cli_says_so_in_one_line(slurm, monkeypatch):
+    monkeypatch.setenv("FAKE_SLURM_HANG", "sacct")
+    monkeypatch.setenv("TRAINMEDIC_SLURM_COMMAND_PREFIX", f"{FAKES / 'fake-ssh'} login01")
+    monkeypatch.setenv("TRAINMEDIC_SLURM_TIMEOUT", "2")
+    proc = run_cli("diagnose", "--job", "7501")  # scontrol answers that it knows no such job
+    assert proc.returncode == 2 and proc.stderr.count(b"\n") == 1
+    assert proc.stderr == b"Error: sacct did not answer within 2 s\n"
 
 
 def test_the_command_prefix_runs_slurm_and_reads_logs_through_it(slurm, monkeypatch):
@@ -226,8 +203,8 @@ def test_owner_policy(slurm, monkeypatch, tmp_path):
     slurm.add("7700", [record("7700", "FAILED")])
     settings = Settings.from_env()
     with pytest.raises(JobError, match="only the owner"):
-        collect(settings, "7700", slack_user="U0MALLORY")
-    collect(settings, "7700", slack_user="U0ALICE").folder.cleanup()
+        asyncio.run(collect(settings, "7700", slack_user="U0MALLORY"))
+    asyncio.run(collect(settings, "7700", slack_user="U0ALICE")).folder.cleanup()
 
 
 def test_slash_command_acks_at_once_and_posts_the_job_diagnosis(slurm, tmp_path, kb, monkeypatch):

@@ -10,13 +10,21 @@ import re
 from dataclasses import dataclass
 from typing import BinaryIO, Iterable
 
+from bot.engine import fallback, timeline
 from bot.engine.scan import CHUNK_BYTES, Hit, Marked, Scanner, ScanResult
 from bot.kb.load import Entry, KnowledgeBase
+from bot.kb.xids import NO_XID, Xid, XidTable
 
 WELL_SUPPORTED = 0.5  # an entry scoring below this needs more evidence to be called the cause
 WEAK = 0.3
+# Confidence words, set from labelled real logs (`trainmedic kb score`): "high" must be right at
+# least 19 times in 20. A consequence-only answer is never more than "low".
+HIGH, MEDIUM = 0.8, 0.5
 MAX_EVIDENCE = 6
 _PLACEHOLDER = re.compile(r"\{(\w+)(?:\|([^{}]*))?\}")
+_ANGLE = re.compile(r"<([a-z][a-z _-]{0,20})>", re.I)  # <node>, <failed node>, <gpu index>
+_ALIASES = {"host": "node", "hostname": "node", "nodename": "node", "failed node": "node", "bad node": "node",
+            "job id": "jobid", "job-id": "jobid", "gpu index": "gpu", "gpu-index": "gpu", "gpu id": "gpu"}
 
 
 @dataclass
@@ -28,6 +36,7 @@ class Finding:
     ranks: list[int]
     hosts: list[str]
     groups: dict[str, str]
+    xids: list[str]  # every Xid number its evidence names, in log order
 
     @property
     def first(self) -> Hit:
@@ -40,29 +49,73 @@ class Diagnosis:
     findings: list[Finding]
     cascade_only: bool
     scan: ScanResult
+    xid_table: XidTable
     jobid: str | None = None
     initiating: dict | None = None
     progress: dict | None = None
+    timeline: timeline.Timeline | None = None  # every rank's and host's first failure, in time order
+
+    @property
+    def confidence(self) -> str | None:
+        """"high", "medium" or "low" for the root; None when nothing was found."""
+        if self.root is None:
+            return None
+        inferred = all(h.fingerprint.role == "confirm" for h in self.root.hits)
+        if self.cascade_only or inferred or self.root.score < MEDIUM:
+            return "low"
+        return "high" if self.root.score >= HIGH else "medium"
 
     @property
     def warnings(self) -> list[str]:
         """What went wrong while reading (a truncated gzip, a capped upload)."""
         return self.scan.warnings
 
-    def fill(self, text: str, finding: Finding | None = None) -> str:
-        """Substitute {name} / {name|default} from the finding's captures and the job id."""
+    def xid(self, finding: Finding) -> Xid | None:
+        """The Xid that decides the finding's fix: of those its evidence names, the most disruptive action."""
+        return self.xid_table.worst(finding.xids)
+
+    def facts(self, finding: Finding | None = None) -> dict[str, str]:
+        """What the log says that a fix can name: the finding's captures, its Xid (knowledge/xids.yaml),
+        its node, the job id."""
         values = dict(finding.groups if finding else {})
+        if finding is not None and (xid := self.xid(finding)) is not None:
+            values.update(self.xid_table.placeholders(xid))
+        if finding is not None and "node" not in values:
+            node = (self.initiating or {}).get("host") if finding is self.root else None
+            node = node or next((h.host for h in finding.hits if h.host), None)
+            if node:
+                values["node"] = node
         if self.jobid:
             values["jobid"] = self.jobid
+        return values
+
+    def fill(self, text: str, finding: Finding | None = None) -> str:
+        """Substitute {name} / {name|default}, and `<node>`-style placeholders the log can fill,
+        from the finding's captures, its node and the job id; the rest is left for the reader."""
+        values = self.facts(finding)
 
         def sub(m: re.Match) -> str:
             return values.get(m.group(1)) or (m.group(2) if m.group(2) is not None else f"<{m.group(1)}>")
 
-        return _PLACEHOLDER.sub(sub, text)
+        def angle(m: re.Match) -> str:
+            name = _ALIASES.get(m.group(1).lower(), m.group(1).lower())
+            return values.get(name) or m.group(0)
+
+        return _ANGLE.sub(angle, _PLACEHOLDER.sub(sub, text))
+
+    def steps(self, finding: Finding) -> list[dict[str, str | None]]:
+        """The finding's fix steps for this log, filled: a step with `xid_actions` only when the decisive
+        Xid's catalog action (NO_XID when the log names none) is one of them. Every renderer uses this."""
+        xid = self.xid(finding)
+        action = xid.action if xid else NO_XID
+        return [{key: self.fill(step[key], finding) if key in step else None for key in ("text", "command", "code")}
+                for step in finding.entry.data["fix"]["steps"]
+                if action in step.get("xid_actions", [action])]
 
     def likely_errors(self) -> list[Marked]:
         """The last exception lines and the first error lines: what to read when nothing matched."""
-        seen, out = set(), []
+        seen = {h.order for f in self.findings for h in f.hits}
+        out = []
         for m in list(self.scan.last_exceptions)[-3:] + self.scan.first_errors:
             if (m.file, m.line) not in seen:
                 seen.add((m.file, m.line))
@@ -88,19 +141,78 @@ def _noisy_or(strengths: Iterable[float]) -> float:
     return round(1.0 - miss, 3)
 
 
-def _group_by_entry(kb: KnowledgeBase, result: ScanResult) -> dict[str, _EntryHits]:
+def _group_by_entry(kb: KnowledgeBase, result: ScanResult) -> tuple[dict[str, _EntryHits], dict[str, _EntryHits]]:
+    """(entries with a root or cascade hit, entries hit only by confirmations); a wrapper whose
+    every report the launcher restarted from is neither."""
     grouped: dict[str, list] = {}
     for fp, fph in result.hits.items():
         grouped.setdefault(fp.entry, []).append((fp, fph))
-    out = {}
+    present, confirmed = {}, {}
     for entry_id, items in grouped.items():
         roles = {fp.role for fp, _ in items}
-        if roles == {"confirm"}:
-            continue  # a confirmation proves nothing alone
         hits = sorted((h for _, fph in items for h in fph.hits), key=lambda h: h.order)
         score = _noisy_or(fp.strength for fp, _ in items)
-        out[entry_id] = _EntryHits(kb.get(entry_id), hits, roles, score)
-    return out
+        eh = _EntryHits(kb.get(entry_id), hits, roles, score)
+        if _recovered(eh, result):
+            continue
+        # A confirmation proves nothing alone: such an entry only answers a failed run nothing else explains.
+        (confirmed if roles == {"confirm"} else present)[entry_id] = eh
+    return present, confirmed
+
+
+def _recovered(eh: _EntryHits, result: ScanResult) -> bool:
+    """A wrapper whose every failure report was followed by a restart (a `recovers` line)."""
+    return eh.entry.wrapper and all(fallback.recovered(h.file, h.line, result) for h in eh.hits
+                                    if h.fingerprint.role != "confirm")
+
+
+def _confirmed_failure(kb: KnowledgeBase, present: dict[str, _EntryHits], confirmed: dict[str, _EntryHits],
+                       result: ScanResult) -> _EntryHits | None:
+    """How a failed run died, when nothing else explains it: the best-supported entry whose death
+    line (a confirmation marked `ends_run`: a bare `Killed`, exit status 137) the run ended on, or
+    that declares the signal a wrapper reports (`exit_signals`: DeepSpeed's `return code = -9`,
+    mpirun's `exited on signal 11`). Never a wrapper itself."""
+    ended = [e for e in confirmed.values() if not e.entry.wrapper and any(
+        h.fingerprint.ends_run and fallback.ended_the_run(h.file, h.line, result) for h in e.hits)]
+    reported = _reported_signal(present, result)
+    if reported is not None:
+        signal, hit = reported
+        for entry in kb.entries.values():
+            if signal in entry.exit_signals and not entry.wrapper:
+                ended.append(confirmed.get(entry.id) or _EntryHits(entry, [hit], {"confirm"}, WEAK))
+    return max(ended, key=lambda e: (e.score, -e.hits[0].order[0], -e.hits[0].order[1]), default=None)
+
+
+_EXIT_GROUPS = ("exitcode", "returncode", "exit_code")
+_ROLE_RANK = {"root": 0, "cascade": 1, "confirm": 2}
+
+
+def _reported_signal(present: dict[str, _EntryHits], result: ScanResult) -> tuple[int, Hit] | None:
+    """The signal the first failure a wrapper reports died of: a negative exit code (-9), a shell
+    exit status 128+N (137), or a captured signal number. None when that first report is a plain
+    exit code (a later 137 is then the launcher's teardown, not the cause)."""
+    reports = sorted((h for e in present.values() if e.entry.wrapper for h in e.hits), key=lambda h: h.order)
+    for hit in reports:
+        if fallback.recovered(hit.file, hit.line, result):
+            continue  # the launcher restarted the workers and carried on
+        code = _exit_of(hit.groups)
+        if code is not None:
+            return (code, hit) if code > 0 else None
+    return None
+
+
+def _exit_of(groups: dict[str, str]) -> int | None:
+    """The signal number a wrapper's captures say the child died of (> 0), 0 for a plain non-zero
+    exit code, None when they say nothing of how it ended."""
+    value = groups.get("signal", "")
+    if value.isdigit():
+        return int(value)
+    for name in _EXIT_GROUPS:
+        value = groups.get(name, "")
+        if value.lstrip("-").isdigit() and int(value) != 0:
+            code = int(value)
+            return -code if code < 0 else code - 128 if 128 < code < 160 else 0
+    return None
 
 
 def _earliest(candidates: list[_EntryHits], roles: tuple[str, ...]) -> _EntryHits:
@@ -141,21 +253,25 @@ def _pick_root(present: dict[str, _EntryHits]) -> tuple[_EntryHits | None, bool]
 
 
 def _finding(eh: _EntryHits, role: str, spread: dict[str, tuple[set, set]]) -> Finding:
-    picked: list[Hit] = []
-    for fp_first in {h.fingerprint: h for h in reversed(eh.hits)}.values():
-        picked.append(fp_first)  # the first hit of each fingerprint
-    for h in eh.hits:
-        if len(picked) >= MAX_EVIDENCE:
-            break
-        if h not in picked:
-            picked.append(h)
-    picked = sorted(picked[:MAX_EVIDENCE], key=lambda h: h.order)
+    # The first hit of each fingerprint, then the others in log order; a line matched by several
+    # fingerprints is one line of evidence.
+    firsts = list({h.fingerprint: h for h in reversed(eh.hits)}.values())
+    by_line: dict[tuple[int, int], Hit] = {}
+    for h in firsts + eh.hits:
+        if h.order in by_line:
+            # one line, the strongest role's hit (a root line is not shown as a mere confirmation)
+            if _ROLE_RANK[h.fingerprint.role] < _ROLE_RANK[by_line[h.order].fingerprint.role]:
+                by_line[h.order] = h
+        elif len(by_line) < MAX_EVIDENCE:
+            by_line[h.order] = h
+    picked = sorted(by_line.values(), key=lambda h: h.order)
     groups: dict[str, str] = {}
     for h in eh.hits:
         for k, v in h.groups.items():
             groups.setdefault(k, v)
-    ranks, hosts = spread[eh.entry.id]
-    return Finding(eh.entry, role, eh.score, picked, sorted(ranks), sorted(hosts), groups)
+    xids = list(dict.fromkeys(h.groups["xid"] for h in eh.hits if h.groups.get("xid")))
+    ranks, hosts = spread.get(eh.entry.id, (set(), set()))
+    return Finding(eh.entry, role, eh.score, picked, sorted(ranks), sorted(hosts), groups, xids)
 
 
 def _spread(result: ScanResult) -> dict[str, tuple[set, set]]:
@@ -169,8 +285,16 @@ def _spread(result: ScanResult) -> dict[str, tuple[set, set]]:
 
 def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> Diagnosis:
     """Root, collateral and related findings from one scan."""
-    present = _group_by_entry(kb, result)
+    present, confirmed = _group_by_entry(kb, result)
     root, cascade_only = _pick_root(present)
+    if root is None or cascade_only and root.entry.wrapper:
+        # Only a wrapper (or nothing) reported the failure: the child's own exception says more,
+        # and failing that, what confirms how it died (a SIGKILL from outside, a segfault).
+        if fallback.add_last_exception(kb, result):
+            present, confirmed = _group_by_entry(kb, result)
+            root, cascade_only = _pick_root(present)
+        elif (named := _confirmed_failure(kb, present, confirmed, result)) is not None:
+            root, cascade_only = named, False
     spread = _spread(result)
     findings: list[Finding] = []
     if root is not None:
@@ -185,12 +309,13 @@ def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> 
         others.append(_finding(eh, "collateral" if collateral else "related", spread))
     others.sort(key=lambda f: (f.role != "collateral", -f.score, f.first.order))
     findings += others
-    diagnosis = Diagnosis(findings[0] if root else None, findings, cascade_only, result, jobid)
+    diagnosis = Diagnosis(findings[0] if root else None, findings, cascade_only, result, kb.xids, jobid)
     if root is not None:
         start = root.first_of("root") or root.hits[0]
         diagnosis.initiating = _initiating(root, start, present)
         if start.iteration or start.checkpoint:
             diagnosis.progress = {"iteration": _as_int(start.iteration), "checkpoint": start.checkpoint}
+        timeline.attach(diagnosis)
     return diagnosis
 
 
@@ -202,13 +327,18 @@ NEARBY_LINES = 5  # a line this close after the root's first hit may name where 
 
 
 def _initiating(root: _EntryHits, start: Hit, present: dict[str, _EntryHits]) -> dict:
-    """Rank and host of the root's first hit `start`; failing that, of its other hits, then of lines
-    printed right after it (slurmstepd names no node, the `srun: error: node: task N` line does)."""
-    nearby = [h for eh in present.values() for h in eh.hits
-              if h.file == start.file and start.line <= h.line <= start.line + NEARBY_LINES]
-    candidates = [start] + root.hits + sorted(nearby, key=lambda h: h.order)
-    rank = next((h.rank for h in candidates if h.rank is not None), None)
-    host = next((h.host for h in candidates if h.host), None)
+    """Rank and host of the root's first hit `start`; failing that, what a launcher's failure summary
+    names (torchrun's "Root Cause" table: `rank : 3`, `host : node12`; a `local_rank` elsewhere is not
+    the rank), then the root's other hits and the lines printed right after it (slurmstepd names no
+    node, `srun: error: node: task N` does)."""
+    nearby = sorted((h for eh in present.values() for h in eh.hits
+                     if h.file == start.file and start.line <= h.line <= start.line + NEARBY_LINES), key=lambda h: h.order)
+    summary = [h for eh in present.values() if eh.entry.wrapper for h in eh.hits]
+    ranks = [start.rank] + [int(h.groups["rank"]) for h in summary if h.groups.get("rank", "").isdigit()] \
+        + [h.rank for h in root.hits + nearby]
+    hosts = [start.host] + [h.groups.get("node") for h in summary] + [h.host for h in root.hits + nearby]
+    rank = next((r for r in ranks if r is not None), None)
+    host = next((h for h in hosts if h), None)
     return {"rank": rank, "host": host, "line": start.line, "file": start.file}
 
 

@@ -13,7 +13,7 @@ from typing import BinaryIO
 
 from bot.engine import markers, trends
 from bot.engine.context import line_context
-from bot.engine.redact import redact
+from bot.engine.redact import clip, redact
 from bot.kb.load import Fingerprint, KnowledgeBase
 from bot.match import engines
 
@@ -21,6 +21,7 @@ CHUNK_BYTES = 16 << 20
 MAX_HIT_LINE = 64 << 10  # bytes of a hit line that are examined
 EVIDENCE_CHARS = 400
 KEEP_HITS = 5  # first and last hits kept per fingerprint
+KEEP_EXCEPTIONS = 8  # last exception lines kept: wrappers print several after the child's own
 KEEP_SPREAD = 4096  # distinct ranks/hosts remembered per fingerprint
 ITERATION_TAIL = 256 << 10  # bytes at the end of a chunk searched for its last iteration line
 TAIL_BYTES = 128 << 10  # bytes at the end of a file read for progress trends (~1000 lines)
@@ -89,12 +90,14 @@ class ScanResult:
     checkpoint: str | None = None
     tracebacks: int = 0
     first_errors: list[Marked] = field(default_factory=list)
-    last_exceptions: deque = field(default_factory=lambda: deque(maxlen=KEEP_HITS))
+    last_exceptions: deque = field(default_factory=lambda: deque(maxlen=KEEP_EXCEPTIONS))
+    file_lines: list[int] = field(default_factory=list)  # lines of each file, in `files` order
     warnings: list[str] = field(default_factory=list)
 
 
 def _line(data, end: int, cut: int) -> str:
-    """The decoded line of data[:cut] that contains offset `end` (at most MAX_HIT_LINE bytes)."""
+    """The decoded line of data[:cut] that contains offset `end` (at most MAX_HIT_LINE bytes); a
+    newline belongs to the line it ends."""
     start = data.rfind(b"\n", 0, end) + 1
     stop = data.find(b"\n", end, cut)
     stop = cut if stop == -1 else stop
@@ -102,12 +105,9 @@ def _line(data, end: int, cut: int) -> str:
 
 
 def _clip(text: str, start: int, end: int) -> str:
-    """The line, or a window of it around the match when the line is very long."""
-    text = text.rstrip()
-    if len(text) <= EVIDENCE_CHARS:
-        return text
-    left = max(0, min(start - EVIDENCE_CHARS // 4, end - EVIDENCE_CHARS))
-    return ("…" if left else "") + text[left : left + EVIDENCE_CHARS] + "…"
+    """The redacted line, or a redacted window of it around the match when the line is very long
+    (redaction sees the whole neighbourhood, so the window's edge never cuts a secret in two)."""
+    return clip(text, start, end, EVIDENCE_CHARS)
 
 
 class Scanner:
@@ -150,6 +150,7 @@ class Scanner:
             tail = (tail + bytes(view[:carry]))[-TAIL_BYTES:]
         view.release()
         result.lines += lines
+        result.file_lines.append(lines)
         self._trends(tail, lines, file_no, result)
         return result
 
@@ -168,7 +169,7 @@ class Scanner:
             ctx = line_context(line)
             for fp in self.detectors[trend.kind]:
                 hit = Hit(fingerprint=fp, file=file_no, line=first + trend.line,
-                          text=redact(f"{_clip(line, 0, 0)}  <- {trend.meaning}"), rank=ctx.rank, host=ctx.host,
+                          text=f"{_clip(line, 0, 0)}  <- {trend.meaning}", rank=ctx.rank, host=ctx.host,
                           time=ctx.time, time_key=ctx.time_key, groups={"trend": trend.meaning},
                           iteration=trend.iteration, checkpoint=result.checkpoint)
                 result.hits.setdefault(fp, FingerprintHits()).add(hit)
@@ -206,6 +207,7 @@ class Scanner:
         line_no = lines + 1
         seen: dict[int, int] = {}
         for end, pid in hits:
+            end -= 1  # the match's last byte: a pattern ending in `\s` may end on its line's newline
             start = data.rfind(b"\n", 0, end) + 1
             if seen.get(pid) == start:
                 continue  # the same pattern ending again on the same line
@@ -229,7 +231,7 @@ class Scanner:
         ctx = line_context(text)
         groups = {k: redact(v) for k, v in match.groupdict().items() if v is not None}
         hit = Hit(
-            fingerprint=fp, file=file_no, line=line_no, text=redact(_clip(text, *match.span())),
+            fingerprint=fp, file=file_no, line=line_no, text=_clip(text, *match.span()),
             rank=ctx.rank, host=ctx.host, time=ctx.time, time_key=ctx.time_key, groups=groups,
             iteration=result.iteration, checkpoint=result.checkpoint,
         )
@@ -245,6 +247,6 @@ class Scanner:
         elif marker.kind == markers.TRACEBACK:
             result.tracebacks += 1
         elif marker.kind == markers.EXCEPTION:
-            result.last_exceptions.append(Marked(file_no, line_no, redact(_clip(text, 0, 0))))
+            result.last_exceptions.append(Marked(file_no, line_no, _clip(text, 0, 0)))
         elif len(result.first_errors) < 3:
-            result.first_errors.append(Marked(file_no, line_no, redact(_clip(text, 0, 0))))
+            result.first_errors.append(Marked(file_no, line_no, _clip(text, 0, 0)))

@@ -56,6 +56,21 @@ class Queries:
             return None
         return {**rows[0], "blocks": json.loads(rows[0]["blocks"] or "[]")}
 
+    def reply_of(self, incident_id: int) -> dict | None:
+        """The outbox row of an incident's reply (state pending, sent or failed, and why), or None."""
+        rows = list(self.db.query("select state, error, attempts, ts, channel from outbox"
+                                  " where incident = ? and kind = 'post' order by id limit 1", [incident_id]))
+        return rows[0] if rows else None
+
+    def get_delivery(self, key: str) -> dict | None:
+        rows = list(self.db.query("select * from deliveries where key = ?", [key]))
+        return rows[0] if rows else None
+
+    def undelivered(self, limit: int = 20) -> list[dict]:
+        """Replies that ended failed (newest first): the incident, where, and Slack's reason."""
+        return list(self.db.query(
+            "select o.incident, o.channel, o.thread_ts, o.error, o.kind, i.entry, i.at from outbox o"
+            " left join incidents i on i.id = o.incident where o.state = 'failed' order by o.id desc limit ?", [limit]))
 
     def get_row(self, incident_id: int) -> dict:
         try:
@@ -68,6 +83,11 @@ class Queries:
         inc["evidence"] = list(self.db.query("select * from evidence where incident = ? order by seq", [incident_id]))
         inc["feedback"] = list(self.db.query("select * from feedback where incident = ? order by id", [incident_id]))
         inc["links"] = self.links(incident_id)
+        reply = self.reply_of(incident_id)
+        if reply is not None:  # only incidents from Slack have a reply
+            inc["reply"] = {"pending": "waiting to be posted", "sent": "delivered",
+                            "failed": "could not be delivered"}[reply["state"]]
+            inc["reply_error"] = reply["error"]
         return inc
 
     def list(self, days: int | None = None, entry: str | None = None, host: str | None = None,
@@ -87,6 +107,20 @@ class Queries:
             params.append(status)
         sql = f"select * from incidents where {' and '.join(where)} order by id desc limit ?"
         return list(self.db.query(sql, params + [limit]))
+
+    def unknown_groups(self, status: str | None = "open", limit: int = 50) -> list[dict]:
+        """One row per distinct unknown failure (one signature), latest first: its latest incident's
+        row with `count` (incidents in the group), `first_seen` and `failure` (what it was grouped by)."""
+        where, params = "entry is null", []
+        if status:
+            where += " and status = ?"
+            params.append(status)
+        rows = self.db.query(
+            f"""select i.*, g.count, g.first_seen from incidents i join (
+                  select signature, max(id) as latest, count(*) as count, min(at) as first_seen
+                  from incidents where {where} group by signature) g on i.id = g.latest
+                order by i.id desc limit ?""", params + [limit])
+        return [{**r, "failure": (r["signature_text"] or "").partition("\n")[2]} for r in rows]
 
     def search(self, words: str, limit: int = 50) -> list[dict]:
         """Incidents whose entry, title, job, host, note or evidence mention every word."""

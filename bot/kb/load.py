@@ -14,6 +14,7 @@ import yaml
 import knowledge as shipped
 from bot import __version__
 from bot.config import cache_dir
+from bot.kb import xids as xid_table
 from bot.match import engines
 
 ROLES = ("root", "cascade", "confirm")
@@ -32,7 +33,11 @@ class Fingerprint:
     strength: float
     meaning: str
     ignorecase: bool = False
+    ends_run: bool = False  # a confirmation saying the process died (knowledge/README.md)
+    recovers: bool = False  # the line says the failure before it was recovered from
     detector: str | None = None  # a bot/engine/trends.py kind instead of a regex
+    group: str | None = None  # fingerprints sharing a group are one failure for linking repeats
+    group_by: list[str] = field(default_factory=list, hash=False, compare=False)  # captures that tell failures apart
 
     @property
     def pattern(self) -> engines.Pattern:
@@ -59,10 +64,20 @@ class Entry:
     def caused_by(self) -> list[str]:
         return self.data["caused_by"]
 
+    @property
+    def exit_signals(self) -> list[int]:
+        return self.data.get("exit_signals", [])
+
+    @property
+    def wrapper(self) -> bool:
+        """Tagged `wrapper`: it reports that a child process failed and says nothing of why."""
+        return "wrapper" in self.data["tags"]
+
 
 @dataclass(frozen=True)
 class KnowledgeBase:
     entries: dict[str, Entry]
+    xids: xid_table.XidTable  # NVIDIA's Xid catalog: the GPU entries' steps follow the Xid's action
 
     @property
     def fingerprints(self) -> list[Fingerprint]:
@@ -212,9 +227,14 @@ def load(folders: list[Path] | None = None) -> KnowledgeBase:
             entry = _load_file(path, cache)
             layer[entry.id] = entry
         entries.update(layer)
+    try:
+        xids = xid_table.load()
+    except xid_table.XidTableError as exc:
+        raise KnowledgeError(str(exc)) from None
     _check_links(entries)
+    _check_xid_links(entries, xids)
     cache.save()
-    return KnowledgeBase(entries)
+    return KnowledgeBase(entries, xids)
 
 
 def _check_links(entries: dict[str, Entry]) -> None:
@@ -228,3 +248,14 @@ def _check_links(entries: dict[str, Entry]) -> None:
                     )
                 if other == entry.id:
                     raise KnowledgeError(f"{entry.source}: field {key}[{i}]: an entry cannot list itself")
+
+
+def _check_xid_links(entries: dict[str, Entry], xids: xid_table.XidTable) -> None:
+    """Every step's `xid_actions` names a bucket of the table (tests/test_xids.py checks the routing)."""
+    for entry in entries.values():
+        for key, steps in (("confirm", entry.data["confirm"]), ("fix.steps", entry.data["fix"]["steps"])):
+            for i, step in enumerate(steps):
+                unknown = [a for a in step.get("xid_actions", []) if a not in xids.actions]
+                if unknown:
+                    raise KnowledgeError(f"{entry.source}: field {key}[{i}].xid_actions: {unknown} not among the actions of "
+                                         f"knowledge/xids.yaml ({', '.join(xids.actions)}); fix the spelling")

@@ -13,7 +13,8 @@ def _wrap(text: str, indent: str = "  ") -> list[str]:
 def _steps(steps: list[dict]) -> list[str]:
     out = []
     for i, step in enumerate(steps, 1):
-        out += _wrap(f"{i}. {step['text']}")
+        when = f" [only when the Xid's catalog action is {' or '.join(step['xid_actions'])}]" if "xid_actions" in step else ""
+        out += _wrap(f"{i}. {step['text']}{when}")
         if "command" in step:
             out.append(f"       $ {step['command']}")
         if "code" in step:

@@ -63,12 +63,27 @@ def _step_problems(step: dict, where: str, before: list[dict]) -> list[str]:
     return out
 
 
+def _selections(steps: list[dict]) -> list[str | None]:
+    """The Xid action classes the steps name (None: a log whose class no step names), each a fix of its own."""
+    named = sorted({a for step in steps for a in step.get("xid_actions", [])})
+    return [*named, None]
+
+
+def _applies(step: dict, action: str | None) -> bool:
+    return "xid_actions" not in step or action in step["xid_actions"]
+
+
 def problems(data: dict) -> list[str]:
-    """Every rule an entry's commands break, one line each naming the step and the remedy."""
+    """Every rule an entry's commands break, one line each naming the step and the remedy.
+
+    Steps with `xid_actions` are shown only for those Xid actions, so each selection a log can get
+    is checked on its own (an idle check shown only for RESET_GPU does not cover a RESTART_BM reboot)."""
     confirm, fix = data.get("confirm", []), data.get("fix", {}).get("steps", [])
-    out = []
-    for i, step in enumerate(confirm):
-        out += _step_problems(step, f"confirm[{i}]", confirm[:i])
-    for i, step in enumerate(fix):  # the confirm steps run before the fix
-        out += _step_problems(step, f"fix.steps[{i}]", confirm + fix[:i])
+    out: list[str] = []
+    for action in _selections(confirm + fix):
+        shown = [(f"confirm[{i}]", s) for i, s in enumerate(confirm) if _applies(s, action)]
+        shown += [(f"fix.steps[{i}]", s) for i, s in enumerate(fix) if _applies(s, action)]
+        for j, (where, step) in enumerate(shown):  # the confirm steps run before the fix
+            label = f"{where} (Xid action {action})" if action and "xid_actions" in step else where
+            out += [p for p in _step_problems(step, label, [s for _, s in shown[:j]]) if p not in out]
     return out

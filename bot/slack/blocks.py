@@ -92,12 +92,12 @@ def _headline(line: str | None, verdict: str) -> dict:
 
 def _steps(f: Finding, d: Diagnosis) -> str:
     lines = [f"*Fix:* {escape(d.fill(f.entry.data['fix']['summary'], f))}"]
-    for i, step in enumerate(f.entry.data["fix"]["steps"], 1):
-        line = f"{i}. {escape(d.fill(step['text'], f))}"
-        if "command" in step:
-            line += f"\n      `{escape(d.fill(step['command'], f))}`"
-        if "code" in step:
-            line += f"\n```{escape(d.fill(step['code'], f).rstrip())}```"
+    for i, step in enumerate(d.steps(f), 1):
+        line = f"{i}. {escape(step['text'])}"
+        if step["command"]:
+            line += f"\n      `{escape(step['command'])}`"
+        if step["code"]:
+            line += f"\n```{escape(step['code'].rstrip())}```"
         lines.append(line)
     return "\n".join(lines)
 
@@ -126,6 +126,16 @@ def status_line(incident_row: dict | None) -> str | None:
     return f":x: Marked wrong diagnosis; the right one is *{escape(incident_row.get('corrected_entry') or 'unknown')}*"
 
 
+def with_status(message_blocks: list[dict], text: str, incident_row: dict) -> tuple[str, list[dict]]:
+    """The reply's blocks showing the incident's current status, above the buttons (which come last)."""
+    status = status_line(incident_row)
+    kept = [b for b in message_blocks if b.get("block_id") != "incident_status"]
+    if status:
+        kept.insert(len(kept) - 1, {"type": "context", "block_id": "incident_status",
+                                    "elements": [{"type": "mrkdwn", "text": status}]})
+    return text, kept
+
+
 def diagnosis_message(d: Diagnosis, incident: dict | None) -> tuple[str, list[dict], bool]:
     """(fallback text, blocks, whether something was cut so the full report should go as a file).
 
@@ -149,7 +159,8 @@ def diagnosis_message(d: Diagnosis, incident: dict | None) -> tuple[str, list[di
         one_per_line = {(h.file, h.line): h for h in f.hits}.values()  # two fingerprints may match one line
         block, cut = _code([_evidence_line(h, d) for h in one_per_line], "*Evidence*")
         blocks.append(block)
-        context = [escape(x) for x in (render.where(d), render.progress(d)) if x]
+        started = render.where(d)
+        context = [escape(x) for x in (started and f"Started at {started}", render.progress(d)) if x]
         if context:
             blocks.append(context_block(" · ".join(context)))
         collateral = [x for x in d.findings[1:] if x.role == "collateral"]

@@ -1,4 +1,5 @@
 """Where log text comes from: local files and stdin (gzip undone, binaries refused, decompressed
-size capped), a Slurm job (its accounting and log tails, through scontrol/sacct), and the worker
+size capped), a Slurm job (its accounting, its log files and every node's kernel log: slurm,
+joblogs, kernel), the bounded runner of cluster commands (commands, cluster), and the worker
 processes that run scans off the bot's event loop. Each hands the engine byte streams. Imports
 the engine, `bot.kb`, `bot.config`; never the history or Slack."""

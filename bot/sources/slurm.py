@@ -1,37 +1,35 @@
-"""A Slurm job as a log source: its accounting facts and the tails of its log files.
+"""A Slurm job as a log source: its accounting facts, its logs, and its nodes' kernel logs.
 
 Safety: a job id must have one of Slurm's forms before any process starts; commands run as argv
-lists (never a shell) in their own process group, killed whole at the timeout; log files are read
-only under TRAINMEDIC_SLURM_LOG_ROOTS, as regular files whose real path (symlinks resolved) stays
-inside a root, and only their last TRAINMEDIC_SLURM_TAIL_MB. With a command prefix (an `ssh` to a
-login node) the arguments are shell-quoted, since ssh hands them to a remote shell.
+lists (never a shell) through bot/sources/commands.py, which bounds their time, output and number;
+log files are read by bot/sources/joblogs.py under TRAINMEDIC_SLURM_LOG_ROOTS, kernel logs by
+bot/sources/kernel.py. With a command prefix (an `ssh` to a login node) the arguments are
+shell-quoted, since ssh hands them to a remote shell.
 """
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import re
-import shlex
-import signal
-import stat
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bot.config import Settings
-from bot.engine.diagnose import Diagnoser, Diagnosis
+from bot.engine.diagnose import Diagnoser, Diagnosis, analyse
+from bot.engine.timeline import Origin, attribute
+from bot.kb.load import KnowledgeBase
+from bot.sources import kernel
+from bot.sources.cluster import Cluster, JobError
 from bot.sources.files import diagnose_files
+from bot.sources.joblogs import JobLogs, LogFile, Read
 
 _JOBID = re.compile(r"[0-9]{1,12}(?:[_+][0-9]{1,8})?(?:\.(?:[0-9]{1,6}|batch|extern))?", re.ASCII)
-SACCT_FIELDS = "JobID,JobName,User,State,ExitCode,NodeList,Elapsed,Timelimit,ReqMem,MaxRSS,MaxRSSNode,WorkDir"
+SACCT_FIELDS = "JobID,JobName,User,State,ExitCode,NodeList,Elapsed,Timelimit,ReqMem,MaxRSS,MaxRSSNode,WorkDir,Start,End"
 _KV = re.compile(r"(\w[\w:/]*)=(.*?)(?= \w[\w:/]*=|$)")
 MAX_LOGS = 8
-
-
-class JobError(Exception):
-    """The job cannot be diagnosed; the message says why in one line."""
-
+MAX_RECORDS = 10_000  # sacct lines (steps) kept for one job
 
 def parse_jobid(text: str) -> str | None:
     """The job id if `text` is one of Slurm's forms (123, 123_4, 123+1, 123.0, 123.batch), else None."""
@@ -54,22 +52,10 @@ class Job:
         user = self.main.get("UserId") or self.main.get("User") or ""
         return user.split("(")[0] or None
 
-
-def run(settings: Settings, argv: list[str]) -> str | None:
-    """stdout of a Slurm command, None when it fails; JobError when it hangs past the timeout."""
-    full = list(settings.slurm_prefix) + ([shlex.quote(a) for a in argv] if settings.slurm_prefix else argv)
-    try:
-        proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    except OSError as exc:
-        raise JobError(f"cannot run {argv[0]}: {exc.strerror or exc} (is Slurm on PATH?)") from None
-    try:
-        out, _ = proc.communicate(timeout=settings.slurm_timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the whole group: an ssh and what it started too
-        proc.communicate()
-        raise JobError(f"{argv[0]} did not answer within {settings.slurm_timeout:g} s; Slurm may be overloaded") from None
-    return out.decode("utf-8", "replace") if proc.returncode == 0 else None
+    @property
+    def span(self) -> tuple[str | None, str | None]:
+        """When it started and ended, in Slurm's local time (None while unknown)."""
+        return (self.main.get("StartTime") or self.main.get("Start"), self.main.get("EndTime") or self.main.get("End"))
 
 
 def parse_scontrol(text: str) -> list[dict]:
@@ -82,21 +68,43 @@ def parse_sacct(text: str) -> list[dict]:
     return [dict(zip(names, line.split("|"))) for line in text.splitlines() if line.strip()]
 
 
-def lookup(settings: Settings, jobid: str) -> Job:
-    """scontrol while Slurm still remembers the job, sacct after; accounting steps from sacct."""
-    sacct_out = run(settings, ["sacct", "-j", jobid, "--parsable2", "--noheader", f"--format={SACCT_FIELDS}"])
-    steps = parse_sacct(sacct_out or "")
-    records = parse_scontrol(run(settings, ["scontrol", "show", "job", "-o", jobid]) or "")
-    if records:
-        return Job(jobid, records, steps, "scontrol")
-    jobs = [s for s in steps if "." not in s["JobID"]]
+def _lines(answer, name: str, notes: list[str]) -> str:
+    """The answer's text, at most MAX_RECORDS lines, none cut in the middle."""
+    text = answer.stdout.decode("utf-8", "replace")
+    if answer.capped:  # the last line may be cut
+        notes.append(f"{name}'s answer passed {len(answer.stdout) >> 20} MB: only its start was read")
+        text = text.rsplit("\n", 1)[0]
+    lines = text.split("\n", MAX_RECORDS)
+    if len(lines) > MAX_RECORDS and lines[MAX_RECORDS].strip():
+        notes.append(f"{name} answered more than {MAX_RECORDS} lines: only the first {MAX_RECORDS} were read")
+    return "\n".join(lines[:MAX_RECORDS])
+
+
+async def lookup(cluster: Cluster, jobid: str) -> tuple[Job, list[str]]:
+    """(job, notes): scontrol while Slurm still remembers the job, sacct after (asked together);
+    accounting steps from sacct. One of them failing or hanging is a note when the other answers."""
+    sacct, scontrol = await asyncio.gather(
+        cluster.run(["sacct", "-j", jobid, "--parsable2", "--noheader", f"--format={SACCT_FIELDS}"]),
+        cluster.run(["scontrol", "show", "job", "-o", jobid]), return_exceptions=True)
+    for answer in (sacct, scontrol):
+        if isinstance(answer, BaseException) and not isinstance(answer, JobError):
+            raise answer
+    notes: list[str] = []
+    steps = parse_sacct(_lines(sacct, "sacct", notes)) if not isinstance(sacct, JobError) and sacct.ok else []
+    records = parse_scontrol(_lines(scontrol, "scontrol", notes)) if not isinstance(scontrol, JobError) else []
+    failures = [a for a in (sacct, scontrol) if isinstance(a, JobError)]
+    if not isinstance(sacct, JobError) and not sacct.ok:
+        failures.append(JobError(sacct.reason("sacct")))  # sacct answers an unknown job with nothing, not an error
+    jobs = records or [s for s in steps if "." not in s["JobID"]]
     if not jobs:
-        raise JobError(f"Slurm knows no job {jobid} (neither scontrol nor sacct has it)")
-    return Job(jobid, jobs, steps, "sacct")
+        raise failures[0] if failures else JobError(f"Slurm knows no job {jobid} (neither scontrol nor sacct has it)")
+    notes += [f"{exc}; the job was read from {'scontrol' if records else 'sacct'}" for exc in failures]
+    return Job(jobid, jobs, steps, "scontrol" if records else "sacct"), notes
 
 
-def expand(pattern: str, record: dict) -> str:
-    """Slurm's filename patterns: %j %A %a %x %u %N %% (and a width like %4a)."""
+def expand(pattern: str, record: dict, keep: str = "") -> str:
+    """Slurm's filename patterns: %j %A %a %x %u %N %% (and a width like %4a); the letters in `keep`
+    (a per-task %N) are left for bot/sources/joblogs.py to match."""
     jobid = record.get("JobId") or record.get("JobID", "").split(".")[0]
     values = {
         "j": jobid.split("_")[0], "J": jobid, "A": record.get("ArrayJobId") or jobid.split("_")[0],
@@ -108,6 +116,8 @@ def expand(pattern: str, record: dict) -> str:
     def sub(m: re.Match) -> str:
         if m.group(0) == "%%":
             return "%"
+        if m.group(2) in keep:
+            return m.group(0)
         value = values.get(m.group(2), m.group(0))
         return value.zfill(int(m.group(1))) if m.group(1) and value.isdigit() else value
 
@@ -118,55 +128,25 @@ def log_paths(job: Job) -> list[str]:
     """The job's StdOut/StdErr (patterns expanded, relative to WorkDir), each once."""
     paths: list[str] = []
     for record in job.records[:MAX_LOGS]:
-        workdir = record.get("WorkDir") or ""
         default = "slurm-%A_%a.out" if record.get("ArrayTaskId") else "slurm-%j.out"
         for key in ("StdOut", "StdErr"):
             raw = record.get(key) or (default if job.source == "sacct" and key == "StdOut" else "")
             if not raw or raw == "/dev/null":
                 continue
-            path = os.path.join(workdir, expand(raw, record)) if workdir else expand(raw, record)
+            path = _under_workdir(expand(raw, record), record)
             if path not in paths:
                 paths.append(path)
     return paths
 
 
-def _inside(path: str, roots: tuple[Path, ...]) -> bool:
-    return any(path == str(r) or path.startswith(str(r).rstrip("/") + "/") for r in roots)
+def _under_workdir(path: str, record: dict) -> str:
+    workdir = record.get("WorkDir") or ""
+    return os.path.join(workdir, path) if workdir else path
 
 
-def read_tail(settings: Settings, path: str, dest: Path) -> str | None:
-    """Copy the end of a job log into dest; the reason it was refused, or None when it was read."""
-    if not settings.slurm_log_roots:
-        return "TRAINMEDIC_SLURM_LOG_ROOTS is not set, so no job log may be read"
-    if settings.slurm_prefix:  # on the login node: resolve there, then read the tail there
-        resolved = (run(settings, ["realpath", "-e", "--", path]) or "").strip()
-        if not resolved:
-            return f"{path}: not found"
-        if not _inside(resolved, settings.slurm_log_roots):
-            return f"{path}: outside TRAINMEDIC_SLURM_LOG_ROOTS, not read"
-        data = run(settings, ["tail", "-c", str(settings.slurm_tail_bytes), "--", resolved])
-        if data is None:
-            return f"{path}: cannot be read"
-        dest.write_text(data)
-        return None
-    roots = tuple(Path(os.path.realpath(r)) for r in settings.slurm_log_roots)
-    real = os.path.realpath(path)
-    if not _inside(real, roots):
-        return f"{path}: outside TRAINMEDIC_SLURM_LOG_ROOTS (or a symlink out of them), not read"
-    try:
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        return f"{path}: {exc.strerror}"
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return f"{path}: not a regular file, not read"
-        size = info.st_size
-        f.seek(max(0, size - settings.slurm_tail_bytes))
-        with dest.open("wb") as out:
-            while chunk := f.read(1 << 20):
-                out.write(chunk)
-    return None
+def rank_patterns(job: Job, settings: Settings) -> list[str]:
+    """The site's per-rank log patterns for this job, relative to its WorkDir."""
+    return [_under_workdir(expand(p, job.main, keep="N"), job.main) for p in settings.slurm_rank_logs]
 
 
 def accounting_text(job: Job) -> str:
@@ -254,31 +234,44 @@ def check_policy(settings: Settings, job: Job, slack_user: str | None, channel: 
 class Collected:
     job: Job
     parts: list[tuple[str, str]]  # (path on disk, name shown)
+    origins: dict[str, Origin]  # name shown -> the rank/host its name gives
     notes: list[str]
     folder: tempfile.TemporaryDirectory
 
 
-def collect(settings: Settings, jobid: str, slack_user: str | None = None, channel: str | None = None) -> Collected:
-    """Look the job up, check the policy, copy the tails of its logs; the caller diagnoses and cleans up."""
+async def _job_logs(logs: JobLogs, job: Job, settings: Settings) -> Read:
+    """StdOut/StdErr and the site's per-rank files, then what torchrun's output in them points at."""
+    named = await logs.read([LogFile(p) for p in log_paths(job)])
+    ranked = await logs.discover(rank_patterns(job, settings))
+    linked = await logs.torchrun(Read(named.parts + ranked.parts))
+    return Read(named.parts + ranked.parts + linked.parts, {**ranked.origins, **linked.origins},
+                named.notes + ranked.notes + linked.notes)
+
+
+async def collect(settings: Settings, jobid: str, slack_user: str | None = None, channel: str | None = None) -> Collected:
+    """Look the job up, check the policy, copy its logs and its nodes' kernel logs; the caller
+    diagnoses and cleans up. Commands count against `slack_user`'s limits."""
     if parse_jobid(jobid) is None:
         raise JobError(f"{jobid[:60]!r} is not a Slurm job id (forms: 123, 123_4, 123+1, 123.0, 123.batch)")
-    job = lookup(settings, jobid)
+    cluster = Cluster(settings, slack_user)
+    job, notes = await lookup(cluster, jobid)
     check_policy(settings, job, slack_user, channel)
     folder = tempfile.TemporaryDirectory(prefix="trainmedic-job-")
-    parts, notes = [], []
-    for i, path in enumerate(log_paths(job)):
-        dest = Path(folder.name) / f"log{i}"
-        refused = read_tail(settings, path, dest)
-        if refused:
-            notes.append(refused)
-        else:
-            parts.append((str(dest), path))
+    try:
+        (Path(folder.name) / "logs").mkdir()
+        logs, (kernel_parts, kernel_notes) = await asyncio.gather(
+            _job_logs(JobLogs(cluster, Path(folder.name) / "logs"), job, settings),
+            kernel.collect(cluster, jobid, job.main.get("NodeList") or "", *job.span, Path(folder.name) / "kernel"))
+    except BaseException:
+        folder.cleanup()
+        raise
     accounting = Path(folder.name) / "accounting"
     accounting.write_text(accounting_text(job))
-    parts.append((str(accounting), f"<slurm accounting of {jobid}>"))
-    if len(parts) == 1:
-        notes.append("no job log could be read: diagnosed from Slurm accounting alone")
-    return Collected(job, parts, notes, folder)
+    notes += logs.notes + kernel_notes
+    if not logs.parts:
+        notes.append("no job log could be read: diagnosed from Slurm accounting" + (" and kernel logs" if kernel_parts else " alone"))
+    parts = logs.parts + kernel_parts + [(str(accounting), f"<slurm accounting of {jobid}>")]
+    return Collected(job, parts, logs.origins, notes, folder)
 
 
 @dataclass
@@ -288,29 +281,35 @@ class JobDiagnosis:
     notes: list[str]
 
 
-def _finish(collected: Collected, d: Diagnosis) -> JobDiagnosis:
+def reattribute(kb: KnowledgeBase, d: Diagnosis, origins: dict[str, Origin]) -> Diagnosis:
+    """The diagnosis again, with each per-rank file's lines given the rank and host its name says."""
+    return analyse(kb, attribute(d.scan, origins), d.jobid) if origins else d
+
+
+def _finish(kb: KnowledgeBase, collected: Collected, d: Diagnosis) -> JobDiagnosis:
+    """The diagnosis with the files' origins applied, and the job's advice."""
+    d = reattribute(kb, d, collected.origins)
     progress = d.progress or {}
     notes = advice(collected.job, progress.get("checkpoint"), progress.get("iteration")) + collected.notes
     return JobDiagnosis(collected.job.jobid, d, notes)
 
 
 def diagnose_job_sync(diagnoser: Diagnoser, settings: Settings, jobid: str) -> JobDiagnosis:
-    """The command line's `trainmedic diagnose --job ID`."""
-    collected = collect(settings, jobid)
+    """The command line's `trainmedic diagnose --job ID`: the same collection, on an event loop of its own."""
+    collected = asyncio.run(collect(settings, jobid))
     try:
         d = diagnose_files(diagnoser, collected.parts, jobid)
     finally:
         collected.folder.cleanup()
-    return _finish(collected, d)
+    return _finish(diagnoser.kb, collected, d)
 
 
 async def diagnose_job(deps, jobid: str, slack_user: str | None = None, channel: str | None = None) -> JobDiagnosis:
-    """`/diagnose <jobid>`: Slurm is asked from a thread, the logs are scanned in the worker pool."""
-    import asyncio
-
-    collected = await asyncio.to_thread(collect, deps.settings, jobid, slack_user, channel)
+    """`/diagnose <jobid>`: the cluster is asked without blocking the event loop, the logs are
+    scanned in the worker pool."""
+    collected = await collect(deps.settings, jobid, slack_user, channel)
     try:
         d = await deps.scans.files(collected.parts, jobid=jobid, max_bytes=deps.settings.max_log_bytes)
     finally:
         collected.folder.cleanup()
-    return _finish(collected, d)
+    return _finish(deps.kb, collected, d)

@@ -1,0 +1,70 @@
+"""A failed run that no entry explains is still answered: with the run's own last exception.
+
+A run that died on an exception the knowledge base has no entry for (`KeyError: 'SLURM_NTASKS'`
+of a custom class, `RuntimeError: Found dtype Half but expected Float`) must not get silence.
+Entries that declare a `last-exception` detector (python-user-code-error) take that line as a weak
+root, when the log shows that the run failed of it: a launcher or the scheduler reported a
+failure after it (a cascade fingerprint hit: ChildFailedError, `srun: error: ... Exited with exit
+code 1`), or it is among the last lines of its file. An exception handled in the middle of a
+healthy run is followed by more training and stays silent; an exception line that a fingerprint
+matched is that entry's to explain, and a wrapper's own exception (ChildFailedError,
+CalledProcessError) is never the answer.
+"""
+from __future__ import annotations
+
+import re
+
+from bot.engine.context import line_context
+from bot.engine.scan import FingerprintHits, Hit, Marked, ScanResult
+from bot.kb.load import KnowledgeBase
+
+LAST_EXCEPTION = "last-exception"
+END_LINES = 40  # an exception this close to the end of its file ended the run
+_TYPE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception))(?=:|\s*$)")
+
+
+def _matched_lines(result: ScanResult, roles: tuple[str, ...]) -> list[tuple[int, int]]:
+    return [h.order for fp, fph in result.hits.items() if fp.role in roles for h in fph.hits]
+
+
+def recovered(file: int, line: int, result: ScanResult) -> bool:
+    """Whether a line marked `recovers` (an elastic restart) follows this one in its file."""
+    return any(h.file == file and h.line > line for fp, fph in result.hits.items() if fp.recovers for h in fph.hits)
+
+
+def ended_the_run(file: int, line: int, result: ScanResult) -> bool:
+    """Whether the run ended on this line: nothing recovered from it, and a launcher or the
+    scheduler reported a failure after it (a cascade hit) or it is among the last lines of its file."""
+    if recovered(file, line, result):
+        return False
+    near_end = file < len(result.file_lines) and line > result.file_lines[file] - END_LINES
+    return near_end or any(order > (file, line) for order in _matched_lines(result, ("cascade",)))
+
+
+def last_exception(result: ScanResult) -> Marked | None:
+    """The exception that ended a failed run, when no fingerprint matched it; None otherwise."""
+    if not result.tracebacks:
+        return None  # an error line without a traceback is not an uncaught Python exception
+    matched = set(_matched_lines(result, ("root", "cascade", "confirm")))
+    for m in reversed(result.last_exceptions):
+        if (m.file, m.line) in matched:
+            continue  # a wrapper's exception, or a line a known entry already explains
+        return m if ended_the_run(m.file, m.line, result) else None
+    return None
+
+
+def add_last_exception(kb: KnowledgeBase, result: ScanResult) -> bool:
+    """Record the run's last exception as a hit of every `last-exception` detector; True if one was added."""
+    detectors = kb.detectors(LAST_EXCEPTION)
+    m = last_exception(result) if detectors else None
+    if m is None:
+        return False
+    ctx = line_context(m.text)
+    kind = _TYPE.search(m.text)
+    groups = {"exception": kind.group(1)} if kind else {}
+    for fp in detectors:
+        hit = Hit(fingerprint=fp, file=m.file, line=m.line, text=m.text, rank=ctx.rank, host=ctx.host,
+                  time=ctx.time, time_key=ctx.time_key, groups=groups,
+                  iteration=result.iteration, checkpoint=result.checkpoint)  # the last seen: the run ended here
+        result.hits.setdefault(fp, FingerprintHits()).add(hit)
+    return True

@@ -1,0 +1,160 @@
+"""A failed run is never answered with silence, wrappers never win over their child, and the
+reply uses what the log says (issue: diagnosis that holds on logs nobody here has seen)."""
+import json
+
+import pytest
+from conftest import run_cli, write
+
+TABLE = """\
+E0501 10:00:05.123000 1234 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: {code}) local_rank: 0 (pid: 4242) of binary: /usr/bin/python
+Traceback (most recent call last):
+  File "/usr/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2024-05-01_10:00:05
+  host      : gpu-node-17
+  rank      : 5 (local_rank: 0)
+  exitcode  : {code} (pid: 4242)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+PROGRESS = "".join(f"[2024-05-01 09:{i // 60:02d}:{i % 60:02d},000] INFO step={i} loss={2.5 - i / 1000:.3f}\n" for i in range(200))
+CHILD = """\
+Traceback (most recent call last):
+  File "/workspace/train.py", line 88, in <module>
+    main()
+  File "/workspace/model.py", line 61, in forward
+    x = self.proj(batch)
+RuntimeError: Found dtype Half but expected Float
+"""
+
+
+def test_an_unknown_exception_under_childfailederror_is_the_answer(diagnoser):
+    d = diagnoser.diagnose_text(PROGRESS + CHILD + TABLE.format(code=1))
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    assert not d.cascade_only
+    assert d.root.first.text == "RuntimeError: Found dtype Half but expected Float"
+    assert d.root.groups["exception"] == "RuntimeError"
+    roles = {f.entry.id: f.role for f in d.findings}
+    assert roles["torchelastic-child-failed"] == "collateral"
+    # torchrun's table names where it happened when the child's own line does not
+    assert d.initiating["rank"] == 5 and d.initiating["host"] == "gpu-node-17"
+    assert d.progress["iteration"] == 199
+
+
+def test_an_exception_that_ends_the_log_is_the_answer(diagnoser):
+    d = diagnoser.diagnose_text(PROGRESS + CHILD)
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    assert d.root.score < 0.5  # an honest, low confidence
+
+
+def test_a_handled_exception_in_a_healthy_run_stays_silent(diagnoser):
+    handled = "WARNING could not log to wandb, will retry:\n" + CHILD
+    d = diagnoser.diagnose_text(PROGRESS + handled + PROGRESS.replace("09:", "10:") + "Training completed.\n")
+    assert d.root is None and d.findings == []
+
+
+def test_an_error_line_without_a_traceback_is_not_an_uncaught_exception(diagnoser):
+    d = diagnoser.diagnose_text(PROGRESS + "ERROR: ConfigMergeError: bad value in config, using the default\n")
+    assert d.root is None
+
+
+def test_the_wrapper_alone_is_a_consequence(diagnoser):
+    d = diagnoser.diagnose_text(PROGRESS + TABLE.format(code=1))
+    assert d.root is not None and d.root.entry.id == "torchelastic-child-failed" and d.cascade_only
+
+
+def test_an_informative_consequence_is_not_replaced_by_an_unknown_exception(diagnoser):
+    log = PROGRESS + """Traceback (most recent call last):
+  File "/home/u/train.py", line 201, in <module>
+    dist.barrier(group=cpu_group)
+RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [10.1.4.22]:43021: Connection reset by peer
+RuntimeError: [/opt/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv operation to complete
+"""
+    d = diagnoser.diagnose_text(log)
+    assert d.root is not None and d.root.entry.id == "nccl-timeout"
+
+
+def test_an_evidence_line_appears_once(tmp_path):
+    line = ("[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+            "GPU 0 has a total capacity of 79.15 GiB of which 310.00 MiB is free.\n")
+    log = write(tmp_path / "oom.log", line)
+    out = json.loads(run_cli("diagnose", "--no-record", "--format", "json", str(log)).stdout)
+    shown = [e["text"] for f in out["findings"] for e in f["evidence"]] + [e["text"] for e in out["likely_errors"]]
+    assert shown.count(line.strip()) == 1, shown
+    text = run_cli("diagnose", "--no-record", str(log)).stdout.decode()
+    assert text.count("CUDA out of memory. Tried to allocate 2.00 GiB") == 1
+
+
+def test_the_fix_names_the_node_the_log_names(diagnoser):
+    log = "Jun 02 03:12:07 gpu-node-17 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=88123, name=python, GPU has fallen off the bus.\n"
+    d = diagnoser.diagnose_text(log)
+    assert d.root is not None and d.initiating["host"] == "gpu-node-17"
+    commands = [d.fill(s["command"], d.root) for s in d.root.entry.data["fix"]["steps"] if "command" in s]
+    assert any("gpu-node-17" in c for c in commands), commands
+    assert not any("<node>" in c for c in commands), commands
+
+
+def test_a_bare_killed_at_the_end_names_the_oom_killer(diagnoser):
+    d = diagnoser.diagnose_text(PROGRESS + "Killed\n")
+    assert d.root is not None and d.root.entry.id == "host-oom-kill"
+    assert d.confidence == "low"
+    assert any("journalctl -k" in s.get("command", "") for s in d.root.entry.data["confirm"])
+
+
+def test_a_killed_word_mid_run_is_not_a_death(diagnoser):
+    d = diagnoser.diagnose_text("Killed\n" + PROGRESS + "Training completed.\n")
+    assert d.root is None
+
+
+@pytest.mark.parametrize("code, signal, entry, confidence", [
+    (-9, "Signal 9 (SIGKILL)", "host-oom-kill", "low"),  # a kill from outside: most often the OOM killer
+    (-11, "Signal 11 (SIGSEGV)", "segfault", "medium"),  # the child did segfault; where is the question
+    (-6, "Signal 6 (SIGABRT)", "process-aborted", "low"),
+])
+def test_the_exit_code_in_torchruns_table_names_how_the_child_died(diagnoser, code, signal, entry, confidence):
+    table = TABLE.format(code=code).replace(
+        "traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+        f"traceback : {signal} received by PID 4242")
+    d = diagnoser.diagnose_text(PROGRESS + table)
+    assert d.root is not None and d.root.entry.id == entry
+    assert d.confidence == confidence
+    assert d.initiating["rank"] == 5 and d.initiating["host"] == "gpu-node-17"
+    assert {f.entry.id: f.role for f in d.findings}["torchelastic-child-failed"] == "collateral"
+
+
+@pytest.mark.parametrize("report, entry", [
+    ("[2024-03-01 10:00:01,000] [ERROR] [launch.py:324:sigkill_handler] ['/usr/bin/python3', '-u', 'train.py', "
+     "'--local_rank=0'] exits with return code = -9", "host-oom-kill"),
+    ("mpirun noticed that process rank 1 with PID 4242 on node gpu-node-17 exited on signal 6 (Aborted).",
+     "process-aborted"),
+])
+def test_a_signal_a_launcher_reports_names_how_the_child_died(diagnoser, report, entry):
+    d = diagnoser.diagnose_text(PROGRESS + report + "\n")
+    assert d.root is not None and d.root.entry.id == entry and d.confidence == "low"
+    assert d.root.first.text == report  # the launcher's line is the evidence
+
+
+def test_a_plain_exit_code_leaves_the_wrapper_as_the_answer(diagnoser):
+    report = ("[2024-03-01 10:00:01,000] [ERROR] [launch.py:324:sigkill_handler] ['/usr/bin/python3', '-u', 'train.py', "
+              "'--local_rank=0'] exits with return code = 1")
+    d = diagnoser.diagnose_text(PROGRESS + report + "\n")
+    assert d.root is not None and d.root.entry.id == "launcher-subprocess-failed" and d.cascade_only
+
+
+def test_a_failure_the_launcher_restarted_from_is_not_the_answer(diagnoser):
+    restart = (
+        "E0611 02:20:09.402000 881 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9) "
+        "local_rank: 0 (pid: 9021) of binary: /usr/bin/python3\n"
+        "[2024-06-11 02:20:10,001] torch.distributed.elastic.agent.server.api: [INFO] [default] Worker group FAILED. "
+        "2/3 attempts left; will restart worker group\n")
+    d = diagnoser.diagnose_text(PROGRESS + restart + PROGRESS.replace("09:", "10:"))
+    assert d.root is None and d.findings == []
+    # without the restart the same line ends the run and names the kill
+    assert diagnoser.diagnose_text(PROGRESS + restart.splitlines(True)[0]).root.entry.id == "host-oom-kill"
