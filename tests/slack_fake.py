@@ -41,7 +41,7 @@ class FakeSlack:
     calls: list[Call] = field(default_factory=list)
     files: dict[str, tuple[dict, bytes]] = field(default_factory=dict)  # id -> (meta, content)
     thread: list[dict] = field(default_factory=list)  # what conversations.replies answers
-    fail: dict[str, list[int]] = field(default_factory=dict)  # method -> statuses to answer first (429, 500)
+    fail: dict[str, list[int]] = field(default_factory=dict)  # method (or response_url) -> statuses to answer first
     honour_range: bool = True
     socket_accepts: bool = True
     uploads: dict[str, bytes] = field(default_factory=dict)
@@ -247,6 +247,8 @@ class FakeSlack:
     async def _response(self, request: web.Request) -> web.Response:
         message = await request.json()
         self.calls.append(Call("response_url", message, None))
+        if self.fail.get("response_url"):
+            return web.Response(status=self.fail["response_url"].pop(0), text="service_unavailable")
         if message.get("response_type", "ephemeral") in self.refused_responses:
             return web.Response(status=404, text="channel_not_found")
         return web.Response(text="ok")

@@ -228,14 +228,16 @@ def test_no_broadcast_mention_comes_out_of_a_log(tmp_path, kb, scans):
     run(scenario())
 
 
+# Each evidence line is up to 400 characters, and every <, & and > in it becomes an entity of 4-5 in
+# Slack: too long for blocks.
+LONG_REPORT = "\n".join(f"[rank{r}]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {r}.00 GiB. "
+                        + "<&>" * 130 for r in range(8))
+
+
 def test_a_long_report_goes_as_a_file_in_the_thread(tmp_path, kb, scans):
-    # Each evidence line is up to 400 characters, and every <, & and > in it becomes an entity of 4-5 in
-    # Slack: too long for blocks.
-    lines = [f"[rank{r}]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {r}.00 GiB. " + "<&>" * 130
-             for r in range(8)]
     async def scenario():
         async with running_bot(tmp_path, kb, scans) as bot:
-            await bot.event(message("\n".join(lines)))
+            await bot.event(message(LONG_REPORT))
             await bot.fake.wait_for("files.completeUploadExternal")
             [upload] = bot.fake.uploads.values()
             assert b"cuda-oom" in upload

@@ -3,19 +3,23 @@
 by FakeSlack. The payloads in tests/fixtures/slack/ follow Slack's documentation and the fixtures of
 bolt-python; the README there says which."""
 import asyncio
+import contextlib
 import copy
 import gzip
 import json
 import logging
+import time
 from pathlib import Path
 
 import pytest
-from slack_fake import BOT_TOKEN
+from slack_fake import BOT_TOKEN, FakeSlack
 from slackbot import CHANNEL, USER, message, running_bot, socket_bot
-from test_slack_bot import _text_of, run
+from test_slack_bot import LONG_REPORT, _text_of, run
 from test_slurm import record, steps
 
-from bot.history.store import History
+from bot.history.store import AsyncHistory, History
+from bot.slack.client import outbox_client
+from bot.slack.outbox import Outbox
 from bot.sources.workers import ScanPool
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slack"
@@ -436,3 +440,92 @@ def test_a_job_with_no_known_failure_answers_its_user_only_and_leaves_no_placeho
 
     run(scenario())
 
+
+# -- a slash command's response_url: 30 minutes and 5 answers -------------------------------------
+
+@contextlib.asynccontextmanager
+async def outbox_alone(tmp_path, rows, give_up_after: float = 86400.0, age: float = 0.0):
+    """The outbox posting `rows` (made by `rows(fake)`, `age` seconds old) from a real history file
+    to FakeSlack; they answer one finished /diagnose delivery, `command:trig.url`."""
+    fake = await FakeSlack().start()
+    db = tmp_path / "incidents.db"
+    history = History(db)
+    history.intake("command:trig.url", "command", "http", "")
+    history.finish_delivery("command:trig.url", "done")
+    history.enqueue(rows(fake))
+    with history.write() as conn:
+        conn.execute("update outbox set created = created - ?", [age])
+    history.close()
+    store = AsyncHistory(db, serves=True)
+    box = Outbox(store, outbox_client(BOT_TOKEN, fake.api_url, 5.0), give_up_after)
+    task = asyncio.create_task(box.run())
+    try:
+        yield fake, store
+    finally:
+        await box.stop(time.monotonic())
+        task.cancel()
+        store.close()
+        await fake.stop()
+
+
+def reply_to_command(fake, n: int, expires_in: float, channel: str = CHANNEL, private: bool = False) -> dict:
+    command = {"delivery": "command:trig.url", "url": f"{fake.url}/response/diagnose", "user": USER,
+               "expires": time.time() + expires_in}
+    payload = {"text": f"answer {n}", "command": command, **({"private": True} if private else {})}
+    return {"key": f"command:trig.url#{n}", "kind": "post", "channel": channel, "payload": payload}
+
+
+def test_a_private_answer_whose_response_url_has_expired_goes_by_chat_post_ephemeral(tmp_path):
+    async def scenario():
+        async with outbox_alone(tmp_path, lambda fake: [reply_to_command(fake, 1, -1, private=True)]) as (fake, _):
+            [sent] = await fake.wait_for("chat.postEphemeral")
+            assert sent.params["user"] == USER and sent.params["text"] == "answer 1"
+            assert fake.called("response_url") == []
+
+    run(scenario())
+
+
+def test_a_response_url_takes_five_answers_and_the_sixth_goes_by_chat_post_ephemeral(tmp_path):
+    def six(fake):
+        return [reply_to_command(fake, n, 600, private=True) for n in range(1, 7)]
+
+    async def scenario():
+        async with outbox_alone(tmp_path, six) as (fake, _):
+            [late] = await fake.wait_for("chat.postEphemeral")
+            assert [c.params["text"] for c in fake.called("response_url")] == [f"answer {n}" for n in range(1, 6)]
+            assert late.params["text"] == "answer 6"
+
+    run(scenario())
+
+
+def test_an_answer_through_response_url_is_retried_before_it_expires_and_not_given_up_while_usable(tmp_path):
+    expires = time.monotonic() + 8
+
+    def rows(fake):
+        return [reply_to_command(fake, 1, 8, channel="C0ELSEWHERE")]
+
+    async def scenario():
+        # An old row: its backoff alone would wait a minute, and its age is past give_up_after.
+        async with outbox_alone(tmp_path, rows, give_up_after=0.5, age=1000) as (fake, store):
+            fake.channel_errors["C0ELSEWHERE"] = "not_in_channel"
+            fake.fail["response_url"] = [503, 503]
+            tries = await fake.wait_for("response_url", 3)
+            assert [c.params["response_type"] for c in tries] == ["in_channel"] * 3
+            assert all(c.at < expires for c in tries)
+            await asyncio.sleep(0.3)
+            assert await store.call("outbox_state", "command:trig.url#1") == "sent"
+
+    run(scenario())
+
+
+def test_a_long_report_where_the_bot_is_not_a_member_is_not_uploaded(tmp_path, kb, scans):
+    async def scenario():
+        async with running_bot(tmp_path, kb, scans) as bot:
+            bot.fake.channel_errors["C0ELSEWHERE"] = "not_in_channel"
+            await bot.command(LONG_REPORT, channel="C0ELSEWHERE", trigger_id="trig.long")
+            [answer] = await bot.fake.wait_for("response_url")
+            assert answer.params["response_type"] == "in_channel" and "cuda-oom" in str(answer.params["blocks"])
+            await bot.quiet("files.getUploadURLExternal", 1.5)
+            assert await bot.deps.history.call("outbox_state", "command:trig.long#1.file") == "skipped"
+
+    run(scenario())
