@@ -132,7 +132,9 @@ def _pick_root(present: dict[str, _EntryHits]) -> tuple[_EntryHits | None, bool]
         return _earliest(strong, ("root",)), False
     weak = [e for e in roots if e.score >= WEAK]
     if weak:
-        return _earliest(weak, ("root",)), False
+        # A judgement from logged numbers (a detector) is weaker than any explicit failure line.
+        explicit = [e for e in weak if any(h.fingerprint.detector is None for h in e.hits)]
+        return _earliest(explicit or weak, ("root",)), False
     cascades = [e for e in present.values() if "cascade" in e.roles]
     if cascades:
         best = max(cascades, key=lambda e: (e.score, -e.hits[0].order[0], -e.hits[0].order[1]))
