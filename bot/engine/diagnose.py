@@ -230,6 +230,11 @@ class Diagnoser:
         result = ScanResult(warnings=[] if warnings is None else warnings)
         for name, stream in streams:
             self.scanner.scan(stream, name, result)
+        return self.analyse(result, jobid)
+
+    def analyse(self, result: ScanResult, jobid: str | None = None) -> Diagnosis:
+        """Diagnose a finished scan (of this process or merged from others)."""
+        self.scanner.finalize(result)
         return analyse(self.kb, result, jobid)
 
     def diagnose_text(self, text: str, name: str = "<paste>", jobid: str | None = None) -> Diagnosis:

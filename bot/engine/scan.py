@@ -107,7 +107,8 @@ class Marked:
 
 @dataclass
 class ScanResult:
-    """Everything a diagnosis needs from the text, independent of its size."""
+    """Everything a diagnosis needs from the text, independent of its size. Until
+    `Scanner.finalize`, kept lines are bytes (`_Raw`), cheap to merge and to pickle."""
 
     files: list[str] = field(default_factory=list)
     hits: dict[Fingerprint, FingerprintHits] = field(default_factory=dict)
@@ -141,8 +142,11 @@ class ScanResult:
 
 @dataclass(frozen=True)
 class _Raw:
-    """A kept line as bytes, until the file is done: where it is, what it says, what preceded it."""
+    """A kept line as bytes, until the job is done (`Scanner.finalize`): what matched it, where it
+    is, what it says, what preceded it. Only the lines still kept then are decoded."""
 
+    pid: int
+    file: int
     line: int
     head: bytes  # the line's first HEAD_BYTES
     window: bytes  # the bytes around the report (the whole line unless it is long)
@@ -168,7 +172,8 @@ def _line_bytes(data, start: int, cut: int, limit: int = 4096) -> bytes:
 class _File:
     """What is kept of one file while it is scanned: counters and kept lines as bytes."""
 
-    def __init__(self, n_fingerprints: int) -> None:
+    def __init__(self, n_fingerprints: int, file_no: int) -> None:
+        self.file = file_no
         self.count = [0] * n_fingerprints
         self.need = [KEEP_HITS] * n_fingerprints  # confirmed first lines still wanted
         self.first: list[list[_Raw]] = [[] for _ in range(n_fingerprints)]
@@ -244,14 +249,15 @@ class Scanner:
         self._confirm = [engines.re2_compile(p, text=True) for p in patterns]
         self._confirm_lines = [engines.re2_compile(p, multiline=True) for p in patterns]
         self.chunk_bytes = chunk_bytes
+        self._buffer = bytearray(chunk_bytes)
 
     def scan(self, stream: BinaryIO, name: str, result: ScanResult) -> ScanResult:
         """Scan one stream into `result` (files scanned one after another form one job)."""
         file_no = len(result.files)
         result.files.append(name)
-        st = _File(len(self.fingerprints))
+        st = _File(len(self.fingerprints), file_no)
         series = trends.Series(self.series_engine) if any(self.detectors.values()) else None
-        buf = bytearray(self.chunk_bytes)
+        buf = self._buffer  # one per scanner: a job of 1,000 files allocates it once
         view = memoryview(buf)
         carry = 0
         tail = b""
@@ -397,7 +403,7 @@ class Scanner:
             stop = cut if stop == -1 else stop
             lo = max(start, min(end, stop) - WINDOW_BEFORE)
             hi = min(stop, max(end, lo) + WINDOW_AFTER)
-            raw = _Raw(line, bytes(data[start : min(stop, start + HEAD_BYTES)]), bytes(data[lo:hi]), lo > start,
+            raw = _Raw(pid, st.file, line, bytes(data[start : min(stop, start + HEAD_BYTES)]), bytes(data[lo:hi]), lo > start,
                        progress.iteration(start) if kind is _FINGERPRINT or kind == "last" else None,
                        progress.checkpoint(start))
             if kind is _FINGERPRINT:
@@ -410,36 +416,45 @@ class Scanner:
                 st.errors.append(raw)
 
     def _finish(self, st: _File, series: trends.Series | None, tail: bytes, file_no: int, result: ScanResult) -> None:
-        """Turn the kept lines of a file into hits, once; judge its trends."""
+        """Add the kept lines of a file to the result (still as bytes); judge its trends."""
         for pid, fp in enumerate(self.fingerprints):
             raws = st.first[pid] + list(st.last.get(pid, ()))
-            if not raws:
-                continue
-            hits = [h for raw in raws if (h := self._hit(pid, raw, file_no)) is not None]
-            if not hits:
-                continue
-            fph = result.hits.setdefault(fp, FingerprintHits())
-            later = FingerprintHits(st.count[pid], hits[:KEEP_HITS], deque(hits[KEEP_HITS:], maxlen=KEEP_HITS),
-                                    st.ranks.get(pid, set()), st.hosts.get(pid, set()))
-            for h in hits:
-                later.spread(h.rank, h.host)
-            fph.merge(later)
+            if raws:
+                later = FingerprintHits(st.count[pid], raws[:KEEP_HITS], deque(raws[KEEP_HITS:], maxlen=KEEP_HITS),
+                                        st.ranks.get(pid, set()), st.hosts.get(pid, set()))
+                result.hits.setdefault(fp, FingerprintHits()).merge(later)
         result.tracebacks += st.tracebacks
-        errors = [m for raw in st.errors if (m := self._marked(markers.ERROR, raw, file_no))]
-        result.first_errors += errors[: KEEP_ERRORS - len(result.first_errors)]
-        result.last_exceptions.extend(m for raw in st.exceptions if (m := self._marked(markers.EXCEPTION, raw, file_no)))
+        result.first_errors += st.errors[: KEEP_ERRORS - len(result.first_errors)]
+        result.last_exceptions.extend(st.exceptions)
         if series is not None:
             self._trends(st, series, tail, file_no, result)
 
-    def _marked(self, kind: str, raw: _Raw, file_no: int) -> Marked | None:
+    def finalize(self, result: ScanResult) -> None:
+        """Decode, confirm, clip, redact and read the context of the lines a job keeps, once."""
+        for fp in list(result.hits):
+            fph = result.hits[fp]
+            hits = [h for x in fph.hits if (h := self._hit(x) if isinstance(x, _Raw) else x) is not None]
+            if not hits:
+                del result.hits[fp]
+                continue
+            fph.first, fph.last = hits[:KEEP_HITS], deque(hits[KEEP_HITS:], maxlen=KEEP_HITS)
+            for h in hits:
+                fph.spread(h.rank, h.host)
+        result.first_errors = [m for x in result.first_errors if (m := self._marked(markers.ERROR, x))]
+        result.last_exceptions = deque((m for x in result.last_exceptions if (m := self._marked(markers.EXCEPTION, x))),
+                                       maxlen=KEEP_HITS)
+
+    def _marked(self, kind: str, raw: _Raw | Marked) -> Marked | None:
+        if isinstance(raw, Marked):
+            return raw
         text = raw.window.decode("utf-8", "replace")
         if self._confirm[self.kinds.index(kind)].search(text) is None:
             return None
-        return Marked(file_no, raw.line, redact(_clip(("…" if raw.clipped else "") + text, 0, 0)))
+        return Marked(raw.file, raw.line, redact(_clip(("…" if raw.clipped else "") + text, 0, 0)))
 
-    def _hit(self, pid: int, raw: _Raw, file_no: int) -> Hit | None:
+    def _hit(self, raw: _Raw) -> Hit | None:
         text = raw.window.decode("utf-8", "replace")
-        match = self._confirm[pid].search(text)
+        match = self._confirm[raw.pid].search(text)
         if match is None:
             return None
         ctx = line_context(raw.head.decode("utf-8", "replace"))
@@ -447,7 +462,7 @@ class Scanner:
         if raw.clipped and not evidence.startswith("…"):
             evidence = "…" + evidence
         return Hit(
-            fingerprint=self.fingerprints[pid], file=file_no, line=raw.line, text=redact(evidence),
+            fingerprint=self.fingerprints[raw.pid], file=raw.file, line=raw.line, text=redact(evidence),
             rank=ctx.rank, host=ctx.host, time=ctx.time, time_key=ctx.time_key,
             groups={k: redact(v) for k, v in match.groupdict().items() if v is not None},
             iteration=markers.iteration(raw.iteration.decode("utf-8", "replace")) if raw.iteration else None,

@@ -3,7 +3,7 @@
 The scan hands every chunk of a file to `Series.read`, which reads values from windows of it: every
 progress line of the first FULL_BYTES of the file, then the first WINDOW_LINES progress lines of
 a window every `position / WINDOWS_PER_E` bytes (about WINDOWS_PER_E windows for each e-fold of
-the file's size: some 80 in a 5 MB paste, 200 in a 2 GB log), and the end of every chunk. Each
+the file's size: some 40 in a 5 MB paste, 80 in a 2 GB log), and the end of every chunk. Each
 window is scanned by a small engine of its own (the keys below). What is kept is a summary
 (running levels, counters, the few lines a judgement quotes), whatever the log's size; a value
 read is a report, a float() and a comparison or two.
@@ -11,7 +11,8 @@ read is a report, a float() and a comparison or two.
 - divergence: a logged training loss at least SPIKE_FACTOR times the median of the (up to HISTORY)
   values read before it, with at least MIN_HISTORY of them, that never comes back below
   RECOVERY_FACTOR times that median in the rest of the values read. A spike that recovers is an
-  ordinary bad batch. The line quoted is the first value read past the threshold.
+  ordinary bad batch. The line quoted is where it turned: the lines of the chunk between the
+  window that saw it and the one before are read for the first loss past the threshold.
 - non-finite: the last NONFINITE_RUN values read of the loss or of the grad norm are NaN or Inf.
   A few infinite grad norms are normal with fp16 (the step is skipped); NaN that stays is not.
 - loss-scale floor: the fp16 loss scale came down to SCALE_FLOOR (Megatron's and DeepSpeed's
@@ -34,11 +35,13 @@ from dataclasses import dataclass, field
 from bot.engine.context import line_time
 from bot.match import engines
 
-FULL_BYTES = 32 << 10
-WINDOW_BYTES = 2 << 10
-WINDOW_LINES = 4
-WINDOWS_PER_E = 16
-CHUNK_TAIL_BYTES = 2 << 10
+FULL_BYTES = 8 << 10
+WINDOW_BYTES = 1 << 10
+WINDOW_LINES = 3
+WINDOWS_PER_E = 6
+CHUNK_TAIL_BYTES = 1 << 10
+MAX_REFINES = 8  # turns a file may look for in the lines between two windows
+TIMED_LINES = 8  # progress lines of a window read for their time (the step time needs only a few)
 
 SPIKE_FACTOR = 3.0
 RECOVERY_FACTOR = 2.0
@@ -72,7 +75,7 @@ _KEYS: tuple[tuple[str, engines.Pattern], ...] = (
 )
 KEY_PATTERNS = [p for _, p in _KEYS]
 _KEY_NAMES = [name for name, _ in _KEYS]
-_NUMBER = re.compile(rb"['\"]?([-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf(?:inity)?))\b", re.I)
+_NUMBER = re.compile(rb"[ \t]*['\"]?([-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf(?:inity)?))\b", re.I)
 _DS_STEP = re.compile(rb"step=(\d+), skipped=$")
 _NOT_TRAINING = re.compile(rb"(?i)\b(?:val|eval|valid|validation|test)[ _/]?loss\W*$")
 
@@ -104,17 +107,21 @@ class _Divergence:
     recent: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
     turn: tuple[Quote, float, float] | None = None  # (line, level before, value)
 
-    def add(self, value: float, quote) -> None:
+    def add(self, value: float, quote) -> bool:
+        """Take the next loss read; True when it starts a turn."""
+        started = False
         if self.turn is not None and value < RECOVERY_FACTOR * self.turn[1]:
             self.turn = None  # it came back: a spike, not a divergence
         if self.turn is None and len(self.window) >= MIN_HISTORY:
             base = statistics.median(self.window)
             if base > 0 and value >= SPIKE_FACTOR * base:
                 self.turn = (quote(), base, value)
+                started = True
         if len(self.recent) == HISTORY:
             self.window.pop(bisect.bisect_left(self.window, self.recent[0]))
         self.recent.append(value)
         bisect.insort(self.window, value)
+        return started
 
 
 @dataclass
@@ -152,6 +159,8 @@ class Series:
         self.ds_last: tuple[float, float] | None = None
         self.skip_quote: Quote | None = None
         self.steps = _Steps()
+        self._gap = 0  # where the part of the chunk not read before the current window starts
+        self.refined = 0
         self.intervals: deque = deque(maxlen=HISTORY)  # Megatron's iterations between two log lines
         self._iteration: float | None = None  # Megatron's last iteration number read
         self._window_iteration: float | None = None  # ... in the window being read
@@ -173,18 +182,22 @@ class Series:
     def read(self, data, file_pos: int, cut: int, line_of) -> None:
         """Read the values in the windows of data[:cut], a chunk starting at `file_pos` in the file;
         `line_of(offset)` is the line number of an offset in it."""
+        self._gap = 0
         for start, end in self.windows(file_pos, cut):
             lines = None if file_pos + start < FULL_BYTES else WINDOW_LINES
             if start:
                 start = data.find(b"\n", start - 1, end) + 1 or end  # whole lines only
             stop = data.rfind(b"\n", start, end) + 1 if end < cut else cut
             if stop > start:
-                self._window(data, start, stop, line_of, lines)
+                self._gap = self._window(data, start, stop, line_of, lines)
 
-    def _window(self, data, start: int, stop: int, line_of, lines: int | None) -> None:
-        """Read the values of data[start:stop], of its first `lines` progress lines if given."""
+    def _window(self, data, start: int, stop: int, line_of, lines: int | None) -> int:
+        """Read the values of data[start:stop], of its first `lines` progress lines if given;
+        return where the lines read end."""
         previous_time = None
         line_start = -1
+        timed = 0
+        names: set[str] = set()
         self._window_iteration = None
         for end, key in self._engine.scan(data, start, stop):
             ls = data.rfind(b"\n", 0, end) + 1
@@ -195,10 +208,11 @@ class Series:
                 names = set()
                 if lines is not None:
                     if not lines:
-                        break
+                        return ls
                     lines -= 1
                 line_start = ls
-                time_key = line_time(bytes(data[ls: ls + 120]).decode("utf-8", "replace"))[1]
+                timed += 1
+                time_key = line_time(bytes(data[ls: ls + 120]).decode("utf-8", "replace"))[1] if timed <= TIMED_LINES else None
                 if time_key is not None:
                     self.steps.add(time_key, previous_time)
                     previous_time = time_key
@@ -206,6 +220,7 @@ class Series:
             if m is not None:
                 names.add(name)
                 self._value(name, float(m.group(1)), data, end, ls, line_of)
+        return stop
 
     def _value(self, name: str, value: float, data, end: int, line: int, line_of) -> None:
         def quote() -> Quote:
@@ -218,8 +233,8 @@ class Series:
             self.finite[name].append(finite)
             if not finite:
                 self.first_nonfinite.setdefault(name, quote())
-            elif name == LOSS:
-                self.loss.add(value, quote)
+            elif name == LOSS and self.loss.add(value, quote) and self._gap < line and self.refined < MAX_REFINES:
+                self._refine(data, line, line_of)
         elif name == ITERATION:
             if self._window_iteration is not None and value > self._window_iteration:
                 self.intervals.append(value - self._window_iteration)
@@ -244,6 +259,24 @@ class Series:
                     self.skip_quote = None
                 if value > self.ds_first[1] and self.skip_quote is None:
                     self.skip_quote = quote()
+
+    def _refine(self, data, start: int, line_of) -> None:
+        """A turn seen in a window: the first loss past the threshold may be in the lines not read
+        before it (in this chunk); read them for it."""
+        self.refined += 1
+        quote, base, value = self.loss.turn
+        line = -1
+        for end, key in self._engine.scan(data, self._gap, start):
+            ls = data.rfind(b"\n", 0, end) + 1
+            if _KEY_NAMES[key] != LOSS or ls == line or _NOT_TRAINING.search(bytes(data[max(0, end - 24): end])):
+                continue
+            m = _NUMBER.match(data, end, min(end + 40, start))
+            if m is None:
+                continue
+            line = ls
+            if float(m.group(1)) >= SPIKE_FACTOR * base:
+                self.loss.turn = (_quote(data, ls, line_of), base, float(m.group(1)))
+                return
 
     def skipped_share(self) -> tuple[float, float]:
         """(skipped, iterations) judged after calibration, from whichever format the log uses."""
