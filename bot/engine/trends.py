@@ -68,10 +68,10 @@ _KEYS: tuple[tuple[str, engines.Pattern], ...] = (
     (LOSS, engines.Pattern(r"(?:^|[\s,\[|])(?:train_|train/)?loss[=:] ?")),  # tqdm/Lightning postfix, "| loss: 2.3"
     (LOSS, engines.Pattern(r"\biter \d+: loss ")),  # nanoGPT
     (GRAD_NORM, engines.Pattern(r"\bgrad norm: |['\"]grad_norm['\"]: |\bgrad_norm=")),
-    (SCALE, engines.Pattern(r"\bloss scale: |\bOVERFLOW! Rank \d+ Skipping step\. Attempted loss scale: \d+(?:\.\d+)?, reducing to ")),
-    (SKIPPED, engines.Pattern(r"\bnumber of skipped iterations: +")),
+    (SCALE, engines.Pattern(r"\bloss scale: |\bloss_scale=|\bOVERFLOW! Rank \d+ Skipping step\. Attempted loss scale: \d+(?:\.\d+)?, reducing to ")),
+    (SKIPPED, engines.Pattern(r"\bnumber of skipped iterations: +|\bnumber_of_skipped_iterations= *")),
     (DS_SKIPPED, engines.Pattern(r"\bstep=\d+, skipped=")),  # DeepSpeed's log_dist: cumulative
-    (ITERATION, engines.Pattern(r"\biteration +")),  # Megatron: "iteration  100/ 1000 |"
+    (ITERATION, engines.Pattern(r"\biteration(?: +|= +)")),  # Megatron "iteration  100/ 1000 |", its forks "iteration=   100/"
 )
 KEY_PATTERNS = [p for _, p in _KEYS]
 _KEY_NAMES = [name for name, _ in _KEYS]
