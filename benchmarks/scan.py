@@ -171,11 +171,11 @@ def _header(title: str) -> None:
     print(f"\n{title}\n  {'tool':44} {'best s':>8} {'median s':>8} {'MB/s':>8} {'RSS MiB':>10}", flush=True)
 
 
-def _tools(paths: list[Path], mb: float, runs: int, pattern_files: tuple[Path, Path], env_extra: dict) -> None:
+def _tools(paths: list[Path], mb: float, runs: int, grep_runs: int, pattern_files: tuple[Path, Path]) -> None:
     ere, rust = pattern_files
     trainmedic = [sys.executable, "-m", "bot.cli", "diagnose", "--format", "json", "--no-record", *map(str, paths)]
     for engine in ("hyperscan", "re2"):
-        env = {**os.environ, "TRAINMEDIC_ENGINE": engine, "PYTHONPATH": str(ROOT), **env_extra}
+        env = {**os.environ, "TRAINMEDIC_ENGINE": engine, "PYTHONPATH": str(ROOT)}
         try:
             _row(f"trainmedic diagnose ({engine})", mb, *_measure(trainmedic, runs, env))
         except RuntimeError as exc:
@@ -184,7 +184,8 @@ def _tools(paths: list[Path], mb: float, runs: int, pattern_files: tuple[Path, P
         _row("rg -c -f (same patterns)", mb, *_measure(["rg", "-c", "-f", str(rust), *map(str, paths)], runs))
     else:
         print("  rg: not installed (Debian/Ubuntu: apt-get install ripgrep)")
-    _row("grep -E -c -f (same patterns)", mb, *_measure(["grep", "-E", "-c", "-f", str(ere), *map(str, paths)], runs))
+    if grep_runs:
+        _row("grep -E -c -f (same patterns)", mb, *_measure(["grep", "-E", "-c", "-f", str(ere), *map(str, paths)], grep_runs))
 
 
 def _paste(kb, dense: Path, tmp: Path, runs: int) -> None:
@@ -226,6 +227,7 @@ def main() -> None:
     ap.add_argument("--rank-mb", type=float, default=4)
     ap.add_argument("--data", type=Path, default=ROOT / "bench-data")
     ap.add_argument("--runs", type=int, default=3, help="runs of each tool (best and median)")
+    ap.add_argument("--grep-runs", type=int, default=1, help="runs of grep, which takes a minute on a hit-dense GB (0: none)")
     args = ap.parse_args()
     wanted = set(args.logs.split(","))
 
@@ -251,7 +253,7 @@ def main() -> None:
             path = log(kind, size)
             mb = path.stat().st_size / 1e6
             _header(f"{kind}: {path.name}, {mb:.0f} MB")
-            _tools([path], mb, args.runs, files, {})
+            _tools([path], mb, args.runs, args.grep_runs, files)
     if "ranks" in wanted:
         folder = args.data / f"ranks-{args.rank_files}x{args.rank_mb:g}mb"
         folder.mkdir(exist_ok=True)
@@ -261,7 +263,7 @@ def main() -> None:
                 generate(path, args.rank_mb, "dense", seed=r, failure=FAILURE if r == 3 else "")
         mb = sum(p.stat().st_size for p in paths) / 1e6
         _header(f"ranks: {len(paths)} files of {args.rank_mb:g} MB as one job, {mb:.0f} MB")
-        _tools(paths, mb, args.runs, files, {})
+        _tools(paths, mb, args.runs, args.grep_runs, files)
     if "paste" in wanted:
         _paste(kb, log("dense", args.size_mb), tmp, args.runs)
     shutil.rmtree(tmp)

@@ -41,7 +41,7 @@ WINDOW_LINES = 3
 WINDOWS_PER_E = 6
 CHUNK_TAIL_BYTES = 1 << 10
 MAX_REFINES = 8  # turns a file may look for in the lines between two windows
-TIMED_LINES = 8  # progress lines of a window read for their time (the step time needs only a few)
+TIMED_LINES = 2  # progress lines of a window read for their time (one gap a window is enough)
 
 SPIKE_FACTOR = 3.0
 RECOVERY_FACTOR = 2.0
@@ -212,7 +212,8 @@ class Series:
                     lines -= 1
                 line_start = ls
                 timed += 1
-                time_key = line_time(bytes(data[ls: ls + 120]).decode("utf-8", "replace"))[1] if timed <= TIMED_LINES else None
+                timed_ok = lines is None or timed <= TIMED_LINES
+                time_key = line_time(bytes(data[ls: ls + 120]).decode("utf-8", "replace"))[1] if timed_ok else None
                 if time_key is not None:
                     self.steps.add(time_key, previous_time)
                     previous_time = time_key

@@ -12,6 +12,7 @@ import itertools
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 from bot.engine.diagnose import Diagnoser
 from bot.engine.scan import ScanResult
@@ -36,7 +37,7 @@ def _scan_batch(files: list[tuple[str, str]], max_bytes: int | None) -> ScanResu
 
 def workers_for(files: list[tuple[str, str]]) -> int:
     """How many processes should scan these files: 1 unless there are several big enough files,
-    cores that the load average leaves free, and fork (the workers inherit the compiled engine)."""
+    cores that other processes leave free, and fork (the workers inherit the compiled engine)."""
     if len(files) < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return 1
     try:
@@ -45,8 +46,18 @@ def workers_for(files: list[tuple[str, str]]) -> int:
         return 1  # the scan in this process says what is wrong with the file
     if size < MIN_BYTES or any(path == "-" for path, _ in files):
         return 1
-    free = len(os.sched_getaffinity(0)) - int(os.getloadavg()[0])
-    return max(1, min(free, len(files), MAX_WORKERS))
+    free = len(os.sched_getaffinity(0)) - _busy()
+    return max(1, min(int(free), len(files), MAX_WORKERS))
+
+
+def _busy() -> float:
+    """Cores other processes use now: the kernel's count of runnable tasks, less this one (the
+    load average lags by a minute and counts this process's own previous work)."""
+    try:
+        running = Path("/proc/loadavg").read_text().split()[3].split("/")[0]
+        return max(0, int(running) - 1)
+    except (OSError, ValueError, IndexError):
+        return os.getloadavg()[0]
 
 
 def scan(diagnoser: Diagnoser, files: list[tuple[str, str]], max_bytes: int | None, workers: int) -> ScanResult:
