@@ -18,8 +18,9 @@ The logs (synthetic, multi-rank, the planted CUDA OOM near the end of each):
 
 For every log it prints trainmedic (each engine), `rg -c -f` and `grep -E -c -f` with the same
 patterns (the knowledge base's fingerprints and the scan's line markers, written for each tool),
-as best and median of `--runs` runs: seconds, MB/s and peak RSS (of the largest process; a
-parallel scan says how many processes ran). Timings are wall-clock on whatever machine runs it:
+as best and median wall time of `--runs` runs, the best CPU time (user + system, children
+included: a parallel scan's workers count, and other users of a shared machine do not), MB/s of
+the best wall time and peak RSS (of the largest process). Timings are wall-clock on whatever machine runs it:
 read them, run them twice, never assert them.
 """
 from __future__ import annotations
@@ -42,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from bot.engine import markers  # noqa: E402
 from bot.engine.diagnose import Diagnoser  # noqa: E402
 from bot.kb.load import entry_folders, load  # noqa: E402
+from bot.sources import parallel  # noqa: E402
 
 FAILURE = """\
 [rank3]: Traceback (most recent call last):
@@ -143,8 +145,8 @@ def _patterns(kb) -> tuple[list[str], list[str]]:
     return ere, rust
 
 
-def _run(cmd: list[str], env: dict | None = None) -> tuple[float, int]:
-    """(seconds, peak RSS in MiB of the largest process) of one command."""
+def _run(cmd: list[str], env: dict | None = None) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds of it and its children, peak RSS in MiB of the largest process)."""
     start = time.perf_counter()
     # Not /dev/null: GNU grep stops at the first match when its output goes there.
     with tempfile.TemporaryFile() as out:
@@ -154,21 +156,22 @@ def _run(cmd: list[str], env: dict | None = None) -> tuple[float, int]:
     code = os.waitstatus_to_exitcode(status)
     if code not in (0, 1):  # grep and rg exit 1 when nothing matched
         raise RuntimeError(f"{cmd[0]} exited {code}")
-    return elapsed, usage.ru_maxrss // 1024
+    return elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss // 1024
 
 
-def _measure(cmd: list[str], runs: int, env: dict | None = None) -> tuple[float, float, int]:
+def _measure(cmd: list[str], runs: int, env: dict | None = None) -> tuple[float, float, float, int]:
+    """(best wall, median wall, best CPU seconds, peak RSS) of `runs` runs."""
     results = [_run(cmd, env) for _ in range(runs)]
     times = [r[0] for r in results]
-    return min(times), statistics.median(times), max(r[1] for r in results)
+    return min(times), statistics.median(times), min(r[1] for r in results), max(r[2] for r in results)
 
 
-def _row(name: str, mb: float, best: float, median: float, rss: int) -> None:
-    print(f"  {name:44} {best:8.2f} {median:8.2f} {mb / best:8.0f} {rss:10d}", flush=True)
+def _row(name: str, mb: float, best: float, median: float, cpu: float, rss: int) -> None:
+    print(f"  {name:44} {best:8.2f} {median:8.2f} {cpu:8.2f} {mb / best:8.0f} {rss:10d}", flush=True)
 
 
 def _header(title: str) -> None:
-    print(f"\n{title}\n  {'tool':44} {'best s':>8} {'median s':>8} {'MB/s':>8} {'RSS MiB':>10}", flush=True)
+    print(f"\n{title}\n  {'tool':44} {'best s':>8} {'median s':>8} {'CPU s':>8} {'MB/s':>8} {'RSS MiB':>10}", flush=True)
 
 
 def _tools(paths: list[Path], mb: float, runs: int, grep_runs: int, pattern_files: tuple[Path, Path]) -> None:
@@ -204,7 +207,8 @@ def _paste(kb, dense: Path, tmp: Path, runs: int) -> None:
         big = _measure(cmd + [str(paste)], max(runs, 5), env)
         small = _measure(cmd + [str(one)], max(runs, 5), env)
         print(f"  whole process ({engine}): {1000 * (big[0] - small[0]):.0f} ms best, "
-              f"{1000 * (big[1] - small[1]):.0f} ms median (5 MB {1000 * big[1]:.0f} ms, one line {1000 * small[1]:.0f} ms)")
+              f"{1000 * (big[1] - small[1]):.0f} ms median, {1000 * (big[2] - small[2]):.0f} ms CPU "
+              f"(5 MB {1000 * big[1]:.0f} ms, one line {1000 * small[1]:.0f} ms)")
         diagnoser = Diagnoser(kb, engine_name=engine)
         text, line = data.decode("utf-8", "replace"), one.read_text()
         costs = []
@@ -238,6 +242,11 @@ def main() -> None:
     (tmp / "ere").write_text("\n".join(ere) + "\n")
     (tmp / "rust").write_text("\n".join(rust) + "\n")
     files = (tmp / "ere", tmp / "rust")
+    warm = tmp / "warm.log"
+    warm.write_text("warm the caches\n")
+    for engine in ("hyperscan", "re2"):  # the first start after an entry changed compiles and validates
+        _run([sys.executable, "-m", "bot.cli", "diagnose", "--no-record", str(warm)],
+             {**os.environ, "TRAINMEDIC_ENGINE": engine, "PYTHONPATH": str(ROOT)})
     print(f"{len(kb.fingerprints)} fingerprints + {len(markers.LINE_MARKERS)} markers, {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.2f}")
 
@@ -262,7 +271,9 @@ def main() -> None:
             if not path.exists():
                 generate(path, args.rank_mb, "dense", seed=r, failure=FAILURE if r == 3 else "")
         mb = sum(p.stat().st_size for p in paths) / 1e6
-        _header(f"ranks: {len(paths)} files of {args.rank_mb:g} MB as one job, {mb:.0f} MB")
+        workers = parallel.workers_for([(str(p), p.name) for p in paths])
+        _header(f"ranks: {len(paths)} files of {args.rank_mb:g} MB as one job, {mb:.0f} MB "
+                f"(trainmedic would use {workers} process{'es' if workers > 1 else ''} now)")
         _tools(paths, mb, args.runs, args.grep_runs, files)
     if "paste" in wanted:
         _paste(kb, log("dense", args.size_mb), tmp, args.runs)
