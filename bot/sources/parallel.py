@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -37,9 +38,10 @@ def _scan_batch(files: list[tuple[str, str]], max_bytes: int | None) -> ScanResu
 
 def workers_for(files: list[tuple[str, str]]) -> int:
     """How many processes should scan these files: 1 unless there are several big enough files,
-    cores that other processes leave free, and fork (the workers inherit the compiled engine)."""
-    if len(files) < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        return 1
+    cores that other processes leave free, and fork (the workers inherit the compiled engine) in a
+    process without other threads (the CLI, the bot's scan workers)."""
+    if len(files) < 2 or "fork" not in multiprocessing.get_all_start_methods() or threading.active_count() > 1:
+        return 1  # forking a process that runs other threads can copy a lock some thread holds
     try:
         size = sum(os.stat(path).st_size for path, _ in files if path != "-")
     except OSError:
