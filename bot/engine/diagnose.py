@@ -244,7 +244,9 @@ def _pick_root(present: dict[str, _EntryHits]) -> tuple[_EntryHits | None, bool]
         return _earliest(strong, ("root",)), False
     weak = [e for e in roots if e.score >= WEAK]
     if weak:
-        return _earliest(weak, ("root",)), False
+        # A judgement from logged numbers (a detector) is weaker than any explicit failure line.
+        explicit = [e for e in weak if any(h.fingerprint.detector is None for h in e.hits)]
+        return _earliest(explicit or weak, ("root",)), False
     cascades = [e for e in present.values() if "cascade" in e.roles]
     if cascades:
         best = max(cascades, key=lambda e: (e.score, -e.hits[0].order[0], -e.hits[0].order[1]))
@@ -256,11 +258,17 @@ def _finding(eh: _EntryHits, role: str, spread: dict[str, tuple[set, set]]) -> F
     # The first hit of each fingerprint, then the others in log order; a line matched by several
     # fingerprints is one line of evidence.
     firsts = list({h.fingerprint: h for h in reversed(eh.hits)}.values())
+    listed = {fp.id: i for i, fp in enumerate(eh.entry.fingerprints)}
+
+    def rank(h: Hit) -> tuple[int, int]:
+        # one line, one hit: the strongest role's (a root line is not shown as a mere confirmation),
+        # then the fingerprint the entry lists first, as the signature picks it
+        return _ROLE_RANK[h.fingerprint.role], listed.get(h.fingerprint.id, len(listed))
+
     by_line: dict[tuple[int, int], Hit] = {}
     for h in firsts + eh.hits:
         if h.order in by_line:
-            # one line, the strongest role's hit (a root line is not shown as a mere confirmation)
-            if _ROLE_RANK[h.fingerprint.role] < _ROLE_RANK[by_line[h.order].fingerprint.role]:
+            if rank(h) < rank(by_line[h.order]):
                 by_line[h.order] = h
         elif len(by_line) < MAX_EVIDENCE:
             by_line[h.order] = h
@@ -358,6 +366,11 @@ class Diagnoser:
         result = ScanResult(warnings=[] if warnings is None else warnings)
         for name, stream in streams:
             self.scanner.scan(stream, name, result)
+        return self.analyse(result, jobid)
+
+    def analyse(self, result: ScanResult, jobid: str | None = None) -> Diagnosis:
+        """Diagnose a finished scan (of this process or merged from others)."""
+        self.scanner.finalize(result)
         return analyse(self.kb, result, jobid)
 
     def diagnose_text(self, text: str, name: str = "<paste>", jobid: str | None = None) -> Diagnosis:

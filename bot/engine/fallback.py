@@ -65,6 +65,6 @@ def add_last_exception(kb: KnowledgeBase, result: ScanResult) -> bool:
     for fp in detectors:
         hit = Hit(fingerprint=fp, file=m.file, line=m.line, text=m.text, rank=ctx.rank, host=ctx.host,
                   time=ctx.time, time_key=ctx.time_key, groups=groups,
-                  iteration=result.iteration, checkpoint=result.checkpoint)  # the last seen: the run ended here
+                  iteration=m.iteration, checkpoint=m.checkpoint)
         result.hits.setdefault(fp, FingerprintHits()).add(hit)
     return True
