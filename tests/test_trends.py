@@ -142,3 +142,15 @@ def test_trends_of_several_files_are_judged_per_file(diagnoser):
     d = diagnose_streams(diagnoser, [("rank0.log", io.BytesIO(healthy.encode())), ("rank1.log", io.BytesIO(diverging.encode()))])
     spike = _finding(d, "loss-spike")
     assert spike is not None and {h.file for h in spike.hits} == {1}
+
+
+def test_one_cumulative_deepspeed_count_is_enough_when_most_steps_were_skipped(diagnoser):
+    def log_dist(step, skipped):
+        return (f"[2021-11-26 03:07:16,494] [INFO] [logging.py:69:log_dist] [Rank 0] step={step}, skipped={skipped}, "
+                "lr=[0.001, 0.001], mom=[0.0, 0.0]")
+
+    noise = _noise(40)
+    d = _diagnose(diagnoser, noise + [log_dist(2000, 1995)] + noise)
+    assert _finding(d, "fp16-loss-scale") is not None
+    # the calibration's skips (at most one an iteration at the start) are not a collapse
+    assert _finding(_diagnose(diagnoser, noise + [log_dist(2000, 95)] + noise), "fp16-loss-scale") is None

@@ -68,7 +68,7 @@ _KEYS: tuple[tuple[str, engines.Pattern], ...] = (
     (LOSS, engines.Pattern(r"(?:^|[\s,\[|])(?:train_|train/)?loss[=:] ?")),  # tqdm/Lightning postfix, "| loss: 2.3"
     (LOSS, engines.Pattern(r"\biter \d+: loss ")),  # nanoGPT
     (GRAD_NORM, engines.Pattern(r"\bgrad norm: |['\"]grad_norm['\"]: |\bgrad_norm=")),
-    (SCALE, engines.Pattern(r"\bloss scale: |\bloss_scale=|\bOVERFLOW! Rank \d+ Skipping step\. Attempted loss scale: \d+(?:\.\d+)?, reducing to ")),
+    (SCALE, engines.Pattern(r"\bloss scale: |\bloss_scale[=:] ?|\bOVERFLOW! Rank \d+ Skipping step\. Attempted loss scale: \d+(?:\.\d+)?, reducing to ")),
     (SKIPPED, engines.Pattern(r"\bnumber of skipped iterations: +|\bnumber_of_skipped_iterations= *")),
     (DS_SKIPPED, engines.Pattern(r"\bstep=\d+, skipped=")),  # DeepSpeed's log_dist: cumulative
     (ITERATION, engines.Pattern(r"\biteration(?: +|= +)")),  # Megatron "iteration  100/ 1000 |", its forks "iteration=   100/"
@@ -254,10 +254,12 @@ class Series:
             m = _DS_STEP.search(data, max(0, end - 40), end)
             step = float(m.group(1)) if m else None
             if step is not None and step > CALIBRATION_ITERATIONS:
-                self.ds_last = (step, value)
                 if self.ds_first is None:
-                    self.ds_first = self.ds_last
-                    self.skip_quote = None
+                    # The count is cumulative: at most one skip an iteration went to calibrating the
+                    # scale in the first iterations, so a first reading of 1995 skipped at step 2000
+                    # already says most steps after calibration were skipped.
+                    self.ds_first = (CALIBRATION_ITERATIONS, min(value, CALIBRATION_ITERATIONS))
+                self.ds_last = (step, value)
                 if value > self.ds_first[1] and self.skip_quote is None:
                     self.skip_quote = quote()
 
