@@ -37,9 +37,10 @@ _CR_TO_LF = bytes.maketrans(b"\r", b"\n")
 _FINGERPRINT = "fingerprint"
 
 # Rank and host of a repeated line, read from its first bytes (the kept lines get bot/engine/context.py).
+# NCCL's `host:pid:tid [N]` prefix names the host; N is the CUDA device, not the rank.
 _SPREAD = re.compile(
     rb"(?:(?P<h1>[a-z][a-z0-9-]*\d[a-z0-9.-]*): )?.{0,80}?"
-    rb"(?:\[(?:rank|Rank|RANK) ?(?P<r1>\d{1,6})\]|\[default(?P<r2>\d{1,6})\]:|(?P<h2>[A-Za-z][\w.-]*):\d+:\d+ \[(?P<r3>\d{1,4})\])"
+    rb"(?:\[(?:rank|Rank|RANK) ?(?P<r1>\d{1,6})\]|\[default(?P<r2>\d{1,6})\]:|(?P<h2>[A-Za-z][\w.-]*):\d+:\d+ \[\d{1,4}\])"
 )
 
 
@@ -384,7 +385,7 @@ class Scanner:
     @staticmethod
     def _read_spread(data, start: int, stop: int) -> tuple:
         m = _SPREAD.match(data, start, min(stop, start + 160))
-        return (m.group("r1") or m.group("r2") or m.group("r3"), m.group("h1") or m.group("h2")) if m else ()
+        return (m.group("r1") or m.group("r2"), m.group("h1") or m.group("h2")) if m else ()
 
     @staticmethod
     def _spread(st: _File, pid: int, spread: tuple) -> None:
