@@ -7,7 +7,7 @@ RANKS = [
     ("[rank3]:[E1010 06:39:17.596585 ProcessGroupNCCL.cpp:616] boom", 3),
     ("[default5]:RuntimeError: boom", 5),
     ("[2024-09-11 17:52:11,320] [INFO] [Rank 3] step=10", 3),
-    ("node12:1234:5678 [3] NCCL INFO Channel 00/0", 3),
+    ("node12:1234:5678 [3] NCCL INFO Channel 00/0", None),  # [3] is the CUDA device (NCCL's debug.cc: cudaDev)
     ("INFO local_rank: 3 is using device cuda:3", 3),
     ("srun: error: gpu-a100-17: task 5: Out Of Memory", 5),
     ("plain line with no rank", None),

@@ -51,7 +51,8 @@ def test_pasted_uploaded_and_attached_secrets_never_reach_slack_the_history_or_t
     async def scenario():
         async with running_bot(tmp_path, kb, scans) as bot:
             for i, p in enumerate(pasted):  # direct messages: answered whether or not a known failure is found
-                await bot.event(message("```\n" + p.text + "```", ts=f"1700000100.{i:06d}", channel_type="im"),
+                await bot.event(message("```\n" + p.text + "```", ts=f"1700000100.{i:06d}", channel_type="im",
+                                        channel=f"D0{i:06d}"),  # each DM its own channel, as Slack has them
                                 event_id=f"EvP{i}")
             log = "".join(p.text for p in uploaded).encode()
             meta = bot.fake.add_file("FZ", "ranks.log.gz", gzip.compress(log), filetype="gzip")

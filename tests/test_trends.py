@@ -1,39 +1,156 @@
-"""Loss spikes and stalls judged from progress lines (bot/engine/trends.py), with the thresholds it states."""
+"""Whole-run trends judged from logged values (bot/engine/trends.py), through the real scan and
+knowledge base, under every engine: divergence, NaN/Inf, fp16 loss scale and skipped steps, stalls."""
+import io
+import random
+
 from bot.engine import trends
+from bot.sources.files import diagnose_streams
 
 
-def _hf(losses):
-    return [f"{{'loss': {v}, 'grad_norm': 0.41, 'learning_rate': 1.9e-05, 'epoch': 0.{i:02d}}}" for i, v in enumerate(losses)]
+def _megatron(losses, scale=65536.0, skipped=0, start=10, every=10, grad="0.412"):
+    out = []
+    for i, loss in enumerate(losses):
+        it = start + i * every
+        s = scale(it) if callable(scale) else scale
+        k = skipped(it) if callable(skipped) else skipped
+        out.append(f"[rank7]:  iteration {it:8d}/  100000 | consumed samples: {it * 512:10d} | elapsed time per iteration (ms): 1021.4 | "
+                   f"learning rate: 2.999E-04 | global batch size:   512 | lm loss: {loss:.6E} | loss scale: {s:.1f} | "
+                   f"grad norm: {grad} | number of skipped iterations: {k:3d} | number of nan iterations:   0 |")
+    return out
 
 
-def test_a_spike_that_stays_is_found_with_its_numbers():
-    lines = _hf([2.0] * 12 + [6.5, 6.9, 7.2])
-    [trend] = trends.analyse(lines)
-    assert trend.kind == trends.LOSS_SPIKE and trend.line == 12
-    assert "median of 2 to 6.5" in trend.meaning
+def _noise(n, seed=1):
+    rng = random.Random(seed)
+    return [f"node0{rng.randrange(4)}:2211:2290 [{rng.randrange(8)}] NCCL INFO Channel 0{rng.randrange(8)}/24 : 0[0] -> 1[1] via P2P/IPC"
+            for _ in range(n)]
 
 
-def test_a_spike_that_recovers_or_lacks_history_is_not():
-    assert trends.analyse(_hf([2.0] * 12 + [7.0, 2.1, 2.0])) == []
-    assert trends.analyse(_hf([2.0] * 5 + [7.0, 7.0, 7.0])) == []  # fewer than MIN_HISTORY values before it
-    assert trends.analyse(_hf([2.0] * 12 + [5.9])) == []  # below 3x
+def _diagnose(diagnoser, lines):
+    return diagnoser.diagnose_text("\n".join(lines) + "\n")
 
 
-def test_val_loss_and_loss_scale_are_not_training_loss():
-    lines = [f"iteration {i}/ 100 | lm loss: 2.0 | loss scale: {65536 if i < 12 else 1.0} | val_loss=9.9" for i in range(15)]
-    assert trends.analyse(lines) == []
+def _finding(d, entry_id):
+    return next((f for f in d.findings if f.entry.id == entry_id), None)
 
 
-def test_a_stall_needs_timestamps_and_a_log_that_goes_on():
+def test_a_diverging_megatron_loss_is_found_at_the_line_where_it_turned(diagnoser):
+    losses = [2.1 - i * 0.005 for i in range(40)] + [3.0, 4.4, 6.8, 7.9, 8.8, 9.4, 9.9, 10.3]
+    lines = ["[rank0]: > building train, validation, and test datasets ..."] + _megatron(losses)
+    d = _diagnose(diagnoser, lines)
+    assert d.root.entry.id == "loss-spike"
+    hit = d.root.first
+    assert hit.line == 1 + 43 and "lm loss: 6.800000E+00" in hit.text
+    assert "running level of 2" in hit.text and "to 6.8" in hit.text
+    assert d.progress["iteration"] == 480
+
+
+def test_a_spike_that_comes_back_val_loss_and_too_little_history_stay_silent(diagnoser):
+    recovered = _megatron([2.0] * 30 + [7.5, 6.1, 2.2, 2.0, 1.9] + [1.9] * 10)
+    assert _finding(_diagnose(diagnoser, recovered), "loss-spike") is None
+    short = _megatron([2.0] * 5 + [8.0, 8.0, 8.0])
+    assert _finding(_diagnose(diagnoser, short), "loss-spike") is None
+    val = [f"step {i}: train loss 2.0{i % 10}, val loss {2.0 if i < 20 else 9.0:.2f}" for i in range(40)]
+    val += [f"Epoch 1 | Validation loss: {9.5:.2f}"] * 5
+    assert _finding(_diagnose(diagnoser, val), "loss-spike") is None
+
+
+def test_divergence_early_in_a_long_log_is_read_over_the_whole_run(diagnoser):
+    """The turn is in the first megabyte, followed by 24 MB of progress: the old 128 KiB tail missed it."""
+    head = _megatron([2.0] * 60 + [9.0] * 20)
+    rest = _megatron([9.0 + (i % 7) * 0.1 for i in range(110_000)], start=810)
+    d = _diagnose(diagnoser, head + rest)
+    spike = _finding(d, "loss-spike")
+    assert spike is not None and spike.first.line == 61
+
+
+def test_nan_in_logged_grad_norms_that_stays_is_a_nan_loss(diagnoser):
+    ok = [f"{{'loss': {2.0 - i / 100:.4f}, 'grad_norm': {0.5 + i / 100:.3f}, 'learning_rate': 1.9e-05, 'epoch': {i / 50:.2f}}}" for i in range(20)]
+    bad = [f"{{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 1.9e-05, 'epoch': {0.4 + i / 50:.2f}}}" for i in range(6)]
+    d = _diagnose(diagnoser, ok + bad)
+    assert d.root.entry.id == "nan-loss"
+    assert any("grad norm is NaN or Inf" in h.text and h.line == 21 for h in d.root.hits)
+
+
+def test_a_few_infinite_grad_norms_while_fp16_calibrates_stay_silent(diagnoser):
+    lines = [f"{{'loss': {2.0 - i / 100:.4f}, 'grad_norm': {'inf' if i in (0, 1, 3) else '0.51'}, 'learning_rate': 1e-05, 'epoch': {i / 50:.2f}}}"
+             for i in range(30)]
+    assert _diagnose(diagnoser, lines).findings == []
+
+
+def test_fp16_scale_collapsing_to_its_floor_is_found(diagnoser):
+    scale = lambda it: max(1.0, 65536.0 / 2 ** max(0, (it - 200) // 10))  # noqa: E731
+    lines = _megatron([2.0] * 60, scale=scale, skipped=lambda it: 10 if it > 200 else 0)
+    d = _diagnose(diagnoser, lines)
+    assert d.root.entry.id == "fp16-loss-scale"
+    assert any("to its floor 1" in h.text for h in d.root.hits)
+
+
+def test_bf16_logs_a_scale_of_one_throughout_and_stays_silent(diagnoser):
+    assert _diagnose(diagnoser, _megatron([2.0 - i / 1000 for i in range(60)], scale=1.0)).findings == []
+
+
+def test_skipped_steps_for_a_large_share_of_iterations_after_calibration(diagnoser):
+    lines = _megatron([2.0] * 60, skipped=lambda it: 4 if it > 100 else 0)
+    fp16 = _finding(_diagnose(diagnoser, lines), "fp16-loss-scale")
+    assert fp16 is not None and "40% of the iterations" in fp16.first.text
+
+
+def test_deepspeed_calibration_skips_at_the_start_stay_silent(diagnoser):
+    lines = [f"[2024-09-11 17:00:{i:02d},000] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 Skipping step. "
+             f"Attempted loss scale: {2 ** (32 - i)}, reducing to {2 ** (31 - i)}" for i in range(9)]
+    lines += [f"[2024-09-11 17:{1 + i // 30:02d}:{2 * i % 60:02d},000] [INFO] [logging.py:96:log_dist] [Rank 0] step={10 * i}, skipped=9, "
+              f"lr=[0.0003], mom=[(0.9, 0.95)]" for i in range(1, 60)]
+    assert _finding(_diagnose(diagnoser, lines), "fp16-loss-scale") is None
+    lines += [f"[2024-09-11 18:{i // 30:02d}:{2 * i % 60:02d},000] [INFO] [logging.py:96:log_dist] [Rank 0] step={600 + 10 * i}, "
+              f"skipped={9 + 5 * i}, lr=[0.0003], mom=[(0.9, 0.95)]" for i in range(1, 60)]
+    assert _finding(_diagnose(diagnoser, lines), "fp16-loss-scale") is not None
+
+
+def test_a_stall_needs_timestamps_and_a_log_that_goes_on(diagnoser):
     steps = [f"[2024-09-11 17:00:{2 * i:02d},000] [INFO] [Rank 0] step={100 + i}, loss=1.9" for i in range(6)]
     later = ["[2024-09-11 17:30:00,000] [INFO] monitor: still waiting"]
-    [trend] = trends.analyse(steps + later)
-    assert trend.kind == trends.PROGRESS_STALL and trend.line == 5 and trend.iteration == "105"
-    assert "no new progress line for 30 min" in trend.meaning
-    assert trends.analyse(steps) == []  # the log ends with progress: nothing to judge
-    assert trends.analyse(steps + ["[2024-09-11 17:03:00,000] [INFO] saving checkpoint"]) == []  # under 5 min
+    d = _diagnose(diagnoser, steps + later)
+    assert d.root.entry.id == "training-hang"
+    assert d.root.first.line == 6 and "no new progress line for 30 min" in d.root.first.text
+    assert _diagnose(diagnoser, steps).findings == []  # the log ends with progress: nothing to judge
+    assert _diagnose(diagnoser, steps + ["[2024-09-11 17:03:00,000] [INFO] saving checkpoint"]).findings == []
 
 
-def test_untimed_progress_is_never_a_stall():
-    lines = [f"[rank0]: iteration {i}/ 100 | lm loss: 2.0 |" for i in range(20)] + ["some later line"] * 50
-    assert trends.analyse(lines) == []
+def test_untimed_progress_is_never_a_stall(diagnoser):
+    lines = [f"[rank0]: iteration {i}/ 100 | lm loss: 2.0 |" for i in range(20)] + _noise(50)
+    assert _diagnose(diagnoser, lines).findings == []
+
+
+def test_an_explicit_failure_line_wins_over_a_judgement_from_numbers(diagnoser):
+    lines = _megatron([2.0] * 40 + [9.0] * 10)
+    assert _diagnose(diagnoser, lines).root.entry.id == "loss-spike"
+    oom = "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79.15 GiB"
+    assert _diagnose(diagnoser, lines + [oom]).root.entry.id == "cuda-oom"
+
+
+def test_windows_read_a_bounded_share_of_a_long_file():
+    series = trends.Series(engine=None)
+    read = sum(end - start for pos in range(0, 2 << 30, 16 << 20) for start, end in series.windows(pos, 16 << 20))
+    assert read < 2 << 20  # of 2 GB
+    small = trends.Series(engine=None)
+    assert small.windows(0, trends.FULL_BYTES) == [(0, trends.FULL_BYTES)]  # a short paste is read whole
+
+
+def test_trends_of_several_files_are_judged_per_file(diagnoser):
+    diverging = "\n".join(_megatron([2.0] * 40 + [9.0] * 10)) + "\n"
+    healthy = "\n".join(_megatron([9.0] * 50)) + "\n"
+    d = diagnose_streams(diagnoser, [("rank0.log", io.BytesIO(healthy.encode())), ("rank1.log", io.BytesIO(diverging.encode()))])
+    spike = _finding(d, "loss-spike")
+    assert spike is not None and {h.file for h in spike.hits} == {1}
+
+
+def test_one_cumulative_deepspeed_count_is_enough_when_most_steps_were_skipped(diagnoser):
+    def log_dist(step, skipped):
+        return (f"[2021-11-26 03:07:16,494] [INFO] [logging.py:69:log_dist] [Rank 0] step={step}, skipped={skipped}, "
+                "lr=[0.001, 0.001], mom=[0.0, 0.0]")
+
+    noise = _noise(40)
+    d = _diagnose(diagnoser, noise + [log_dist(2000, 1995)] + noise)
+    assert _finding(d, "fp16-loss-scale") is not None
+    # the calibration's skips (at most one an iteration at the start) are not a collapse
+    assert _finding(_diagnose(diagnoser, noise + [log_dist(2000, 95)] + noise), "fp16-loss-scale") is None

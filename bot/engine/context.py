@@ -10,7 +10,6 @@ _RANK = [
     for p in (
         r"\[(?:rank|Rank|RANK)\s?(\d{1,6})\]",  # [rank3]: (PyTorch), [Rank 3] (DeepSpeed)
         r"\[default(\d{1,6})\]:",  # torchrun --tee prefixes
-        r"^(?:\S+\s+)?[\w.-]+:\d+:\d+ \[(\d{1,4})\]",  # NCCL host:pid:tid [3]
         r"\b(?:global_rank|local_rank|rank)\s*[:=]\s*(\d{1,6})\b",
         r"\bsrun: error: [\w.-]+: task (\d{1,6}):",
         r"\bProcess (?:rank )?(\d{1,6}) (?:terminated|exited)",
@@ -19,7 +18,7 @@ _RANK = [
 _HOST = [
     re.compile(p)
     for p in (
-        r"^(?:\S+\s+)?([A-Za-z][\w.-]*):\d+:\d+ \[\d{1,4}\]",  # NCCL host:pid:tid [3]
+        r"^(?:\S+\s+)?([A-Za-z][\w.-]*):\d+:\d+ \[\d{1,4}\]",  # NCCL host:pid:tid [cudaDev]: the bracket is the GPU, not the rank
         r"\bsrun: error: ([\w.-]+): tasks? ",
         r"\b(?:STEP|JOB) \S+ ON ([\w.-]+) ",  # slurmstepd *** JOB 1 ON node12 CANCELLED
         r"\bNode failure on ([\w.-]+)",

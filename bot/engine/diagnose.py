@@ -174,7 +174,7 @@ def _confirmed_failure(kb: KnowledgeBase, present: dict[str, _EntryHits], confir
     mpirun's `exited on signal 11`). Never a wrapper itself."""
     ended = [e for e in confirmed.values() if not e.entry.wrapper and any(
         h.fingerprint.ends_run and fallback.ended_the_run(h.file, h.line, result) for h in e.hits)]
-    reported = _reported_signal(present, result)
+    reported = fallback.reported_signal([h for e in present.values() if e.entry.wrapper for h in e.hits], result)
     if reported is not None:
         signal, hit = reported
         for entry in kb.entries.values():
@@ -183,36 +183,7 @@ def _confirmed_failure(kb: KnowledgeBase, present: dict[str, _EntryHits], confir
     return max(ended, key=lambda e: (e.score, -e.hits[0].order[0], -e.hits[0].order[1]), default=None)
 
 
-_EXIT_GROUPS = ("exitcode", "returncode", "exit_code")
 _ROLE_RANK = {"root": 0, "cascade": 1, "confirm": 2}
-
-
-def _reported_signal(present: dict[str, _EntryHits], result: ScanResult) -> tuple[int, Hit] | None:
-    """The signal the first failure a wrapper reports died of: a negative exit code (-9), a shell
-    exit status 128+N (137), or a captured signal number. None when that first report is a plain
-    exit code (a later 137 is then the launcher's teardown, not the cause)."""
-    reports = sorted((h for e in present.values() if e.entry.wrapper for h in e.hits), key=lambda h: h.order)
-    for hit in reports:
-        if fallback.recovered(hit.file, hit.line, result):
-            continue  # the launcher restarted the workers and carried on
-        code = _exit_of(hit.groups)
-        if code is not None:
-            return (code, hit) if code > 0 else None
-    return None
-
-
-def _exit_of(groups: dict[str, str]) -> int | None:
-    """The signal number a wrapper's captures say the child died of (> 0), 0 for a plain non-zero
-    exit code, None when they say nothing of how it ended."""
-    value = groups.get("signal", "")
-    if value.isdigit():
-        return int(value)
-    for name in _EXIT_GROUPS:
-        value = groups.get(name, "")
-        if value.lstrip("-").isdigit() and int(value) != 0:
-            code = int(value)
-            return -code if code < 0 else code - 128 if 128 < code < 160 else 0
-    return None
 
 
 def _earliest(candidates: list[_EntryHits], roles: tuple[str, ...]) -> _EntryHits:
@@ -244,7 +215,9 @@ def _pick_root(present: dict[str, _EntryHits]) -> tuple[_EntryHits | None, bool]
         return _earliest(strong, ("root",)), False
     weak = [e for e in roots if e.score >= WEAK]
     if weak:
-        return _earliest(weak, ("root",)), False
+        # A judgement from logged numbers (a detector) is weaker than any explicit failure line.
+        explicit = [e for e in weak if any(h.fingerprint.detector is None for h in e.hits)]
+        return _earliest(explicit or weak, ("root",)), False
     cascades = [e for e in present.values() if "cascade" in e.roles]
     if cascades:
         best = max(cascades, key=lambda e: (e.score, -e.hits[0].order[0], -e.hits[0].order[1]))
@@ -256,11 +229,17 @@ def _finding(eh: _EntryHits, role: str, spread: dict[str, tuple[set, set]]) -> F
     # The first hit of each fingerprint, then the others in log order; a line matched by several
     # fingerprints is one line of evidence.
     firsts = list({h.fingerprint: h for h in reversed(eh.hits)}.values())
+    listed = {fp.id: i for i, fp in enumerate(eh.entry.fingerprints)}
+
+    def rank(h: Hit) -> tuple[int, int]:
+        # one line, one hit: the strongest role's (a root line is not shown as a mere confirmation),
+        # then the fingerprint the entry lists first, as the signature picks it
+        return _ROLE_RANK[h.fingerprint.role], listed.get(h.fingerprint.id, len(listed))
+
     by_line: dict[tuple[int, int], Hit] = {}
     for h in firsts + eh.hits:
         if h.order in by_line:
-            # one line, the strongest role's hit (a root line is not shown as a mere confirmation)
-            if _ROLE_RANK[h.fingerprint.role] < _ROLE_RANK[by_line[h.order].fingerprint.role]:
+            if rank(h) < rank(by_line[h.order]):
                 by_line[h.order] = h
         elif len(by_line) < MAX_EVIDENCE:
             by_line[h.order] = h
@@ -358,6 +337,11 @@ class Diagnoser:
         result = ScanResult(warnings=[] if warnings is None else warnings)
         for name, stream in streams:
             self.scanner.scan(stream, name, result)
+        return self.analyse(result, jobid)
+
+    def analyse(self, result: ScanResult, jobid: str | None = None) -> Diagnosis:
+        """Diagnose a finished scan (of this process or merged from others)."""
+        self.scanner.finalize(result)
         return analyse(self.kb, result, jobid)
 
     def diagnose_text(self, text: str, name: str = "<paste>", jobid: str | None = None) -> Diagnosis:

@@ -1,4 +1,4 @@
-"""A failed run that no entry explains is still answered: with the run's own last exception.
+"""What a failed run says when no entry explains it: its own last exception, and how it died.
 
 A run that died on an exception the knowledge base has no entry for (`KeyError: 'SLURM_NTASKS'`
 of a custom class, `RuntimeError: Found dtype Half but expected Float`) must not get silence.
@@ -8,7 +8,9 @@ failure after it (a cascade fingerprint hit: ChildFailedError, `srun: error: ...
 code 1`), or it is among the last lines of its file. An exception handled in the middle of a
 healthy run is followed by more training and stays silent; an exception line that a fingerprint
 matched is that entry's to explain, and a wrapper's own exception (ChildFailedError,
-CalledProcessError) is never the answer.
+CalledProcessError) is never the answer. When no exception explains it, the signal a wrapper
+reports the child died of (-9, 137, signal 11) names the entry that explains that signal
+(diagnose.py). A failure the launcher restarted from (a `recovers` line after it) ended nothing.
 """
 from __future__ import annotations
 
@@ -65,6 +67,36 @@ def add_last_exception(kb: KnowledgeBase, result: ScanResult) -> bool:
     for fp in detectors:
         hit = Hit(fingerprint=fp, file=m.file, line=m.line, text=m.text, rank=ctx.rank, host=ctx.host,
                   time=ctx.time, time_key=ctx.time_key, groups=groups,
-                  iteration=result.iteration, checkpoint=result.checkpoint)  # the last seen: the run ended here
+                  iteration=m.iteration, checkpoint=m.checkpoint)
         result.hits.setdefault(fp, FingerprintHits()).add(hit)
     return True
+
+
+_EXIT_GROUPS = ("exitcode", "returncode", "exit_code")
+
+
+def reported_signal(reports: list[Hit], result: ScanResult) -> tuple[int, Hit] | None:
+    """The signal the first failure that wrappers report (`reports`, their hits) died of: a negative exit code (-9), a shell
+    exit status 128+N (137), or a captured signal number. None when that first report is a plain
+    exit code (a later 137 is then the launcher's teardown, not the cause)."""
+    for hit in sorted(reports, key=lambda h: h.order):
+        if recovered(hit.file, hit.line, result):
+            continue  # the launcher restarted the workers and carried on
+        code = _exit_of(hit.groups)
+        if code is not None:
+            return (code, hit) if code > 0 else None
+    return None
+
+
+def _exit_of(groups: dict[str, str]) -> int | None:
+    """The signal number a wrapper's captures say the child died of (> 0), 0 for a plain non-zero
+    exit code, None when they say nothing of how it ended."""
+    value = groups.get("signal", "")
+    if value.isdigit():
+        return int(value)
+    for name in _EXIT_GROUPS:
+        value = groups.get(name, "")
+        if value.lstrip("-").isdigit() and int(value) != 0:
+            code = int(value)
+            return -code if code < 0 else code - 128 if 128 < code < 160 else 0
+    return None

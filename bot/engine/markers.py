@@ -2,12 +2,14 @@
 
 They are not failures. Progress markers give the context of a failure (last iteration, last saved
 checkpoint); error markers give the "most likely error lines" when no entry matches. Each scan
-pattern ends on a fixed literal where it can, so the engine reports one match per line.
+pattern ends on a fixed literal where it can, so the engine reports one match per line. Values
+are read with RE2 (linear time whatever the line holds), and only from the lines that are kept.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+import re2
 
 from bot.match.engines import Pattern
 
@@ -18,19 +20,19 @@ ITERATION, CHECKPOINT, EXCEPTION, TRACEBACK, ERROR = "iteration", "checkpoint", 
 class Marker:
     kind: str
     scan: Pattern
-    extract: re.Pattern | None = None  # group 1 is the value; None keeps the line itself
+    extract: "re2._Regexp | None" = None  # group 1 is the value; None keeps the line itself
 
 
-_TQDM = re.compile(
+_TQDM = re2.compile(
     r"^\s*(?:\[\w+\]:\s*)?(?:(?:Epoch|Training|Train|Steps?|Iteration)\b[^|%]*)?\d+%\|[^|]*\|\s*(\d+)/\d+ \["
 )
-_KEYED = re.compile(r"\b(?:global[_ ]step|step|steps|iter|iteration)['\"]?\s*[=:]\s*(\d+)", re.I)
-_PATH = re.compile(r"""['"]?((?:/|\./|\.\./|[\w.-]+/)[^\s'",]*|checkpoint-\d+)""")
+_KEYED = re2.compile(r"(?i)\b(?:global[_ ]step|step|steps|iter|iteration)['\"]?\s*[=:]\s*(\d+)")
+_PATH = re2.compile(r"""['"]?((?:/|\./|\.\./|[\w.-]+/)[^\s'",]*|checkpoint-\d+)""")
 
-# Iteration lines can be most of a log, so they have an engine of their own that is only run over
-# the tail of a chunk unless the chunk holds a failure (see scan.Scanner._iterations).
+# Iteration lines can be most of a log, so they have an engine of their own that is only run
+# backwards from the lines that are kept (see scan._Progress).
 ITERATION_MARKERS: tuple[Marker, ...] = (
-    Marker(ITERATION, Pattern(r"\biteration\s+\d+/\s*\d+ \|"), re.compile(r"\biteration\s+(\d+)/")),
+    Marker(ITERATION, Pattern(r"\biteration\s+\d+/\s*\d+ \|"), re2.compile(r"\biteration\s+(\d+)/")),
     Marker(ITERATION, Pattern(r"\d%\|[^|\n]*\|\s*\d+/\d+ \["), _TQDM),
     Marker(ITERATION, Pattern(r"\b(global[_ ]step|step|steps|iter|iteration)['\"]?\s*[=:]\s*\d", True), _KEYED),
 )
@@ -44,12 +46,22 @@ LINE_MARKERS: tuple[Marker, ...] = (
 )
 
 
+def checkpoint(line: str) -> str | None:
+    """The path a checkpoint line names, or None."""
+    paths = _PATH.findall(line)
+    return paths[-1] if paths else None
+
+
+def iteration(line: str) -> str | None:
+    """The training iteration an iteration line names, or None."""
+    return next((v for m in ITERATION_MARKERS if (v := extract(m, line))), None)
+
+
 def extract(marker: Marker, line: str) -> str | None:
     """The marker's value in `line` (iteration number, checkpoint path), or None if it is not there."""
     if marker.extract is None:
         return line
     if marker.kind == CHECKPOINT:
-        paths = _PATH.findall(line)
-        return paths[-1] if paths else None
+        return checkpoint(line)
     m = marker.extract.search(line)
     return m.group(1) if m else None

@@ -1,14 +1,19 @@
 """One streaming pass over a log: every fingerprint and marker matched at once, memory bounded.
 
-Bytes are read with readinto() into one reused buffer and scanned a chunk at a time; only lines
-that the engine reports are decoded, confirmed with RE2 and kept (a bounded number per
-fingerprint), so the cost of a log is one engine pass plus work proportional to its hits.
+Bytes are read with readinto() into one reused buffer and scanned a chunk at a time. The work per
+reported line is what its use needs: a fingerprint's first KEEP_HITS lines are confirmed with RE2
+when they are seen, later ones cost a counter and the rank/host read from the bytes of the line's
+start; a chunk's last KEEP_HITS lines of each fingerprint, its last exceptions and the checkpoint
+line before each of them are copied out when the chunk ends. Decoding, confirming, clipping,
+redacting and reading the context of a line happen once per file, for the lines that are kept.
 """
 from __future__ import annotations
 
 import bisect
+import itertools
+import re
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import BinaryIO
 
 from bot.engine import markers, trends
@@ -18,14 +23,25 @@ from bot.kb.load import Fingerprint, KnowledgeBase
 from bot.match import engines
 
 CHUNK_BYTES = 16 << 20
-MAX_HIT_LINE = 64 << 10  # bytes of a hit line that are examined
+WINDOW_BEFORE, WINDOW_AFTER = 3 << 10, 1 << 10  # bytes of a long line kept around a report
+HEAD_BYTES = 2000  # the start of a kept line, read for its rank, host and time
 EVIDENCE_CHARS = 400
 KEEP_HITS = 5  # first and last hits kept per fingerprint
-KEEP_EXCEPTIONS = 8  # last exception lines kept: wrappers print several after the child's own
 KEEP_SPREAD = 4096  # distinct ranks/hosts remembered per fingerprint
-ITERATION_TAIL = 256 << 10  # bytes at the end of a chunk searched for its last iteration line
-TAIL_BYTES = 128 << 10  # bytes at the end of a file read for progress trends (~1000 lines)
+SPREAD_ALL, SPREAD_EVERY = 1024, 16  # a file's first repeats each give their rank/host, then every 16th
+KEEP_ERRORS = 3
+KEEP_EXCEPTIONS = 8  # last exception lines kept: wrappers print several after the child's own
+ITERATION_LOOKBACK = (8 << 10, 512 << 10)  # windows searched back for the iteration line before a kept line
+TAIL_BYTES = 64 << 10  # the end of a file, read for its last timestamp (a hang)
 _CR_TO_LF = bytes.maketrans(b"\r", b"\n")
+_FINGERPRINT = "fingerprint"
+
+# Rank and host of a repeated line, read from its first bytes (the kept lines get bot/engine/context.py).
+# NCCL's `host:pid:tid [N]` prefix names the host; N is the CUDA device, not the rank.
+_SPREAD = re.compile(
+    rb"(?:(?P<h1>[a-z][a-z0-9-]*\d[a-z0-9.-]*): )?.{0,80}?"
+    rb"(?:\[(?:rank|Rank|RANK) ?(?P<r1>\d{1,6})\]|\[default(?P<r2>\d{1,6})\]:|(?P<h2>[A-Za-z][\w.-]*):\d+:\d+ \[\d{1,4}\])"
+)
 
 
 @dataclass(frozen=True)
@@ -61,10 +77,23 @@ class FingerprintHits:
             self.first.append(hit)
         else:
             self.last.append(hit)
-        if hit.rank is not None and len(self.ranks) < KEEP_SPREAD:
-            self.ranks.add(hit.rank)
-        if hit.host is not None and len(self.hosts) < KEEP_SPREAD:
-            self.hosts.add(hit.host)
+        self.spread(hit.rank, hit.host)
+
+    def spread(self, rank: int | None, host: str | None) -> None:
+        if rank is not None and len(self.ranks) < KEEP_SPREAD:
+            self.ranks.add(rank)
+        if host is not None and len(self.hosts) < KEEP_SPREAD:
+            self.hosts.add(host)
+
+    def merge(self, later: FingerprintHits) -> None:
+        """Add the hits of `later`, which all come after these."""
+        ordered = self.hits + later.hits
+        self.count += later.count
+        self.first, self.last = ordered[:KEEP_HITS], deque(ordered[KEEP_HITS:], maxlen=KEEP_HITS)
+        for rank in later.ranks:
+            self.spread(rank, None)
+        for host in later.hosts:
+            self.spread(None, host)
 
     @property
     def hits(self) -> list[Hit]:
@@ -76,38 +105,137 @@ class Marked:
     file: int
     line: int
     text: str
+    iteration: str | None = None  # training progress when this line was written (exception lines)
+    checkpoint: str | None = None
 
 
 @dataclass
 class ScanResult:
-    """Everything a diagnosis needs from the text, independent of its size."""
+    """Everything a diagnosis needs from the text, independent of its size. Until
+    `Scanner.finalize`, kept lines are bytes (`_Raw`), cheap to merge and to pickle."""
 
     files: list[str] = field(default_factory=list)
     hits: dict[Fingerprint, FingerprintHits] = field(default_factory=dict)
     lines: int = 0
     bytes: int = 0
-    iteration: str | None = None
-    checkpoint: str | None = None
     tracebacks: int = 0
     first_errors: list[Marked] = field(default_factory=list)
     last_exceptions: deque = field(default_factory=lambda: deque(maxlen=KEEP_EXCEPTIONS))
-    file_lines: list[int] = field(default_factory=list)  # lines of each file, in `files` order
     warnings: list[str] = field(default_factory=list)
+    file_lines: list[int] = field(default_factory=list)  # lines of each file, in `files` order
+
+    def merge(self, later: ScanResult) -> None:
+        """Add the result of files scanned on their own (another process), which come after these."""
+        shift = len(self.files)
+        self.files += later.files
+        for fp, fph in later.hits.items():
+            moved = FingerprintHits(fph.count, [replace(h, file=h.file + shift) for h in fph.first],
+                                    deque((replace(h, file=h.file + shift) for h in fph.last), maxlen=KEEP_HITS),
+                                    fph.ranks, fph.hosts)
+            if fp in self.hits:
+                self.hits[fp].merge(moved)
+            else:
+                self.hits[fp] = moved
+        self.lines += later.lines
+        self.file_lines += later.file_lines
+        self.bytes += later.bytes
+        self.tracebacks += later.tracebacks
+        room = KEEP_ERRORS - len(self.first_errors)
+        self.first_errors += [replace(m, file=m.file + shift) for m in later.first_errors[:max(0, room)]]
+        self.last_exceptions.extend(replace(m, file=m.file + shift) for m in later.last_exceptions)
+        self.warnings += [w for w in later.warnings if w not in self.warnings]
 
 
-def _line(data, end: int, cut: int) -> str:
-    """The decoded line of data[:cut] that contains offset `end` (at most MAX_HIT_LINE bytes); a
-    newline belongs to the line it ends."""
-    start = data.rfind(b"\n", 0, end) + 1
-    stop = data.find(b"\n", end, cut)
-    stop = cut if stop == -1 else stop
-    return bytes(data[start : min(stop, start + MAX_HIT_LINE)]).decode("utf-8", "replace")
+@dataclass(frozen=True)
+class _Raw:
+    """A kept line as bytes, until the job is done (`Scanner.finalize`): what matched it, where it
+    is, what it says, what preceded it. Only the lines still kept then are decoded."""
+
+    pid: int
+    file: int
+    line: int
+    head: bytes  # the line's first HEAD_BYTES
+    window: bytes  # the bytes around the report (the whole line unless it is long)
+    clipped: bool  # the window starts after the line's start
+    iteration: bytes | None  # the last iteration line before it
+    checkpoint: bytes | None  # the last checkpoint line before it
 
 
 def _clip(text: str, start: int, end: int) -> str:
     """The redacted line, or a redacted window of it around the match when the line is very long
     (redaction sees the whole neighbourhood, so the window's edge never cuts a secret in two)."""
     return clip(text, start, end, EVIDENCE_CHARS)
+
+
+def _line_bytes(data, start: int, cut: int, limit: int = 4096) -> bytes:
+    stop = data.find(b"\n", start, min(cut, start + limit))
+    return bytes(data[start : stop if stop != -1 else min(cut, start + limit)])
+
+
+class _File:
+    """What is kept of one file while it is scanned: counters and kept lines as bytes."""
+
+    def __init__(self, n_fingerprints: int, file_no: int) -> None:
+        self.file = file_no
+        self.count = [0] * n_fingerprints
+        self.need = [KEEP_HITS] * n_fingerprints  # confirmed first lines still wanted
+        self.first: list[list[_Raw]] = [[] for _ in range(n_fingerprints)]
+        self.last: dict[int, deque] = {}
+        self.ranks: dict[int, set] = {}
+        self.hosts: dict[int, set] = {}
+        self.errors: list[_Raw] = []
+        self.exceptions: deque = deque(maxlen=KEEP_EXCEPTIONS)
+        self.tracebacks = 0
+        self.iteration: bytes | None = None  # the last iteration line of the chunks so far
+        self.iteration_line = 0
+        self.checkpoint: bytes | None = None
+        self.lines = 0  # lines before the chunk being scanned
+        self.pos = 0  # bytes before the chunk being scanned
+
+
+class _Lines:
+    """Line numbers of offsets in a chunk, counted from the last offset asked (mostly forwards)."""
+
+    def __init__(self, buf: bytearray, first: int) -> None:
+        self.buf, self.pos, self.line = buf, 0, first
+
+    def at(self, offset: int) -> int:
+        if offset >= self.pos:
+            self.line += self.buf.count(b"\n", self.pos, offset)
+        else:
+            self.line -= self.buf.count(b"\n", offset, self.pos)
+        self.pos = offset
+        return self.line
+
+
+class _Progress:
+    """The last iteration and checkpoint line before offsets of one chunk, asked in increasing order."""
+
+    def __init__(self, engine: engines.Engine, data, cut: int, before: bytes | None,
+                 checkpoints: list[int], checkpoint_before: bytes | None) -> None:
+        self.engine, self.data, self.cut = engine, data, cut
+        self.known = 0  # the last iteration line ending before `known` is `self.line`
+        self.line = before
+        self.start: int | None = None  # where `line` starts, when it is in this chunk
+        self.checkpoints, self.checkpoint_before = checkpoints, checkpoint_before
+
+    def iteration(self, offset: int) -> bytes | None:
+        for size in ITERATION_LOOKBACK + (offset,):
+            start = max(self.known, offset - size)
+            start = self.data.rfind(b"\n", 0, start) + 1 if start > self.known else start
+            ends = self.engine.scan(self.data, start, offset)
+            if ends:
+                self.start = self.data.rfind(b"\n", 0, ends[-1][0]) + 1
+                self.line = _line_bytes(self.data, self.start, self.cut)
+                break
+            if start <= self.known:
+                break
+        self.known = offset
+        return self.line
+
+    def checkpoint(self, offset: int) -> bytes | None:
+        i = bisect.bisect_left(self.checkpoints, offset)
+        return _line_bytes(self.data, self.checkpoints[i - 1], self.cut) if i else self.checkpoint_before
 
 
 class Scanner:
@@ -117,136 +245,253 @@ class Scanner:
         self.fingerprints = kb.fingerprints
         self.detectors = {kind: kb.detectors(kind) for kind in trends.KINDS}
         patterns = [fp.pattern for fp in self.fingerprints] + [m.scan for m in markers.LINE_MARKERS]
+        self.kinds = [_FINGERPRINT] * len(self.fingerprints) + [m.kind for m in markers.LINE_MARKERS]
         self.engine = engines.build(patterns, engine_name)
         self.iteration_engine = engines.build([m.scan for m in markers.ITERATION_MARKERS], engine_name)
+        self.series_engine = engines.build(trends.KEY_PATTERNS, engine_name, prefilter=False)
         self._confirm = [engines.re2_compile(p, text=True) for p in patterns]
+        self._confirm_lines = [engines.re2_compile(p, multiline=True) for p in patterns]
         self.chunk_bytes = chunk_bytes
+        self._buffer = bytearray(chunk_bytes)
 
     def scan(self, stream: BinaryIO, name: str, result: ScanResult) -> ScanResult:
         """Scan one stream into `result` (files scanned one after another form one job)."""
         file_no = len(result.files)
         result.files.append(name)
-        buf = bytearray(self.chunk_bytes)
+        st = _File(len(self.fingerprints), file_no)
+        series = trends.Series(self.series_engine) if any(self.detectors.values()) else None
+        buf = self._buffer  # one per scanner: a job of 1,000 files allocates it once
         view = memoryview(buf)
-        carry = lines = 0
-        tail = b""  # the last TAIL_BYTES scanned, for the progress trends
+        carry = 0
+        tail = b""
         while True:
             n = stream.readinto(view[carry:])
             if not n:
                 break
-            result.bytes += n
             filled = carry + n
             cut = buf.rfind(b"\n", 0, filled) + 1
             if cut == 0 and filled < len(buf):
                 carry = filled  # a short read (pipe) in the middle of a line: read on
                 continue
             cut = cut or filled  # a line longer than the buffer is split
-            lines = self._scan_chunk(buf, cut, file_no, lines, result)
-            tail = (tail + bytes(view[max(0, cut - TAIL_BYTES):cut]))[-TAIL_BYTES:]
+            tail = self._chunk(buf, cut, st, series, tail)
             buf[: filled - cut] = bytes(view[cut:filled])
             carry = filled - cut
         if carry:
-            lines = self._scan_chunk(buf, carry, file_no, lines, result) + 1
-            tail = (tail + bytes(view[:carry]))[-TAIL_BYTES:]
+            tail = self._chunk(buf, carry, st, series, tail)
+            st.lines += 1  # the last line had no newline
         view.release()
-        result.lines += lines
-        result.file_lines.append(lines)
-        self._trends(tail, lines, file_no, result)
+        result.bytes += st.pos
+        result.lines += st.lines
+        result.file_lines.append(st.lines)
+        self._finish(st, series, tail, file_no, result)
         return result
 
-    def _trends(self, tail: bytes, lines: int, file_no: int, result: ScanResult) -> None:
-        """Loss spikes and stalls judged from the last lines of the file (bot/engine/trends.py)."""
-        if not any(self.detectors.values()):
-            return
-        text = tail.decode("utf-8", "replace").split("\n")
-        if text and text[-1] == "":
-            text.pop()  # the file ended with a newline
-        if len(tail) == TAIL_BYTES:
-            text = text[1:]  # the first line was cut
-        first = lines - len(text) + 1
-        for trend in trends.analyse([t.rstrip("\r") for t in text]):
-            line = text[trend.line].rstrip()
-            ctx = line_context(line)
-            for fp in self.detectors[trend.kind]:
-                hit = Hit(fingerprint=fp, file=file_no, line=first + trend.line,
-                          text=f"{_clip(line, 0, 0)}  <- {trend.meaning}", rank=ctx.rank, host=ctx.host,
-                          time=ctx.time, time_key=ctx.time_key, groups={"trend": trend.meaning},
-                          iteration=trend.iteration, checkpoint=result.checkpoint)
-                result.hits.setdefault(fp, FingerprintHits()).add(hit)
-
-    def _iterations(self, chunk: memoryview, data, cut: int, whole: bool) -> list[int]:
-        """End offsets of iteration lines: only the tail matters unless a failure needs the ones before it."""
-        start = 0
-        if not whole and cut > 2 * ITERATION_TAIL:
-            start = data.find(b"\n", cut - ITERATION_TAIL, cut) + 1
-        ends = [start + end for end, _ in self.iteration_engine.scan(chunk[start:])]
-        if not ends and start:
-            ends = [end for end, _ in self.iteration_engine.scan(chunk)]
-        return ends
-
-    def _last_iteration(self, ends: list[int], lo: int, hi: int, data, cut: int, result: ScanResult) -> int:
-        """Set result.iteration from the last iteration line ending in data[:hi] after index lo."""
-        i = bisect.bisect_right(ends, hi, lo)
-        for end in reversed(ends[lo:i]):
-            line = _line(data, end, cut)
-            value = next((v for m in markers.ITERATION_MARKERS if (v := markers.extract(m, line))), None)
-            if value is not None:
-                result.iteration = value
-                break
-        return i
-
-    def _scan_chunk(self, buf: bytearray, cut: int, file_no: int, lines: int, result: ScanResult) -> int:
-        """Scan buf[:cut] whose first line is line `lines + 1`; return the lines counted so far."""
+    def _chunk(self, buf: bytearray, cut: int, st: _File, series: trends.Series | None, tail: bytes) -> bytes:
         # A carriage return starts a new visual line (progress bars): scan a copy where it is a newline.
         data = bytes(buf[:cut]).translate(_CR_TO_LF) if buf.find(b"\r", 0, cut) != -1 else buf
-        with memoryview(data)[:cut] as chunk:
-            hits = self.engine.scan(chunk)
-            has_failure = any(pid < len(self.fingerprints) for _, pid in hits)
-            iterations = self._iterations(chunk, data, cut, has_failure)
-        counted = done = 0
-        line_no = lines + 1
-        seen: dict[int, int] = {}
-        for end, pid in hits:
-            end -= 1  # the match's last byte: a pattern ending in `\s` may end on its line's newline
-            start = data.rfind(b"\n", 0, end) + 1
-            if seen.get(pid) == start:
-                continue  # the same pattern ending again on the same line
-            seen[pid] = start
-            line_no += buf.count(b"\n", counted, start)
-            counted = start
-            if pid < len(self.fingerprints):
-                done = self._last_iteration(iterations, done, start, data, cut, result)
-            self._on_line(pid, _line(data, end, cut), file_no, line_no, result)
-        self._last_iteration(iterations, done, cut, data, cut, result)
-        return lines + buf.count(b"\n", 0, cut)
+        kept, checkpoints = self._reports(data, cut, st)
+        lines = _Lines(buf, st.lines + 1)
+        progress = _Progress(self.iteration_engine, data, cut, st.iteration, checkpoints, st.checkpoint)
+        self._keep(kept, data, cut, st, progress, lines)
+        st.iteration = progress.iteration(cut)
+        st.checkpoint = progress.checkpoint(cut)
+        if progress.start is not None:
+            st.iteration_line = lines.at(progress.start)
+        if series is not None:
+            series.read(data, st.pos, cut, lines.at)
+        st.lines = lines.at(cut) - 1
+        st.pos += cut
+        return (tail + bytes(data[max(0, cut - TAIL_BYTES):cut]))[-TAIL_BYTES:]
 
-    def _on_line(self, pid: int, text: str, file_no: int, line_no: int, result: ScanResult) -> None:
-        match = self._confirm[pid].search(text)
-        if match is None:
-            return  # the engine found only a required literal, or its match ran across a line end
-        if pid >= len(self.fingerprints):
-            self._on_marker(markers.LINE_MARKERS[pid - len(self.fingerprints)], text, file_no, line_no, result)
-            return
-        fp = self.fingerprints[pid]
-        ctx = line_context(text)
-        groups = {k: redact(v) for k, v in match.groupdict().items() if v is not None}
-        hit = Hit(
-            fingerprint=fp, file=file_no, line=line_no, text=_clip(text, *match.span()),
-            rank=ctx.rank, host=ctx.host, time=ctx.time, time_key=ctx.time_key, groups=groups,
-            iteration=result.iteration, checkpoint=result.checkpoint,
-        )
-        result.hits.setdefault(fp, FingerprintHits()).add(hit)
+    def _reports(self, data, cut: int, st: _File) -> tuple[list[tuple[int, int, int, str]], list[int]]:
+        """Go through the engine's reports once; return the lines to keep as (start, end, pid, kind)
+        and the start of every checkpoint line."""
+        kinds, count, need = self.kinds, st.count, st.need
+        kept: list[tuple[int, int, int, str]] = []
+        checkpoints: list[int] = []
+        last: dict[int, list] = {}
+        pending: dict[int, list] = {}  # lines of fingerprints still short of KEEP_HITS confirmed ones
+        exceptions: list[tuple[int, int]] = []
+        seen: dict[int, int] = {}
+        start = stop = -1
+        spread = None
+        errors = len(st.errors)
+        for end, pid in self.engine.scan(data, 0, cut):
+            last_byte = end - 1  # a pattern ending in \s may end on its line's newline: that line is its line
+            if last_byte > stop:
+                start = data.rfind(b"\n", 0, last_byte) + 1
+                stop = data.find(b"\n", last_byte, cut)
+                stop = cut if stop == -1 else stop
+                spread = None
+            if seen.get(pid) == start:
+                continue  # the same pattern again on the same line
+            seen[pid] = start
+            kind = kinds[pid]
+            if kind is _FINGERPRINT:
+                if need[pid]:
+                    pending.setdefault(pid, []).append((start, end, stop))
+                    continue
+                count[pid] += 1
+                last.setdefault(pid, []).append((start, end))
+                if count[pid] <= SPREAD_ALL or count[pid] % SPREAD_EVERY == 0:
+                    if spread is None:
+                        spread = self._read_spread(data, start, stop)
+                    if spread:
+                        self._spread(st, pid, spread)
+            elif kind == markers.CHECKPOINT:
+                checkpoints.append(start)
+            elif kind == markers.EXCEPTION:
+                exceptions.append((start, end))
+            elif kind == markers.TRACEBACK:
+                st.tracebacks += 1
+            elif errors < KEEP_ERRORS:
+                errors += 1
+                kept.append((start, end, pid, kind))
+        for pid, lines in pending.items():
+            kept += self._confirm_pending(pid, lines, data, st, last)
+        for pid, lines in last.items():
+            kept += [(s, e, pid, "last") for s, e in lines[-KEEP_HITS:]]
+        kept += [(s, e, pid, markers.EXCEPTION) for s, e in exceptions[-KEEP_EXCEPTIONS:]]
+        kept.sort()
+        return kept, checkpoints
+
+    def _confirm_pending(self, pid: int, lines: list[tuple[int, int, int]], data, st: _File,
+                         last: dict[int, list]) -> list[tuple[int, int, int, str]]:
+        """Confirm a chunk's lines of one fingerprint with one RE2 pass over them joined; the first
+        confirmed ones are kept, the lines after the last one needed are repeats."""
+        spans = [(max(start, end - WINDOW_BEFORE), min(stop, end + WINDOW_AFTER)) for start, end, stop in lines]
+        joined = b"\n".join(bytes(data[lo:hi]) for lo, hi in spans)
+        offsets = list(itertools.accumulate((hi - lo + 1 for lo, hi in spans), initial=0))
+        confirmed: list[int] = []
+        for m in self._confirm_lines[pid].finditer(joined):
+            i = bisect.bisect_right(offsets, m.start()) - 1
+            if not confirmed or confirmed[-1] != i:
+                confirmed.append(i)
+                if len(confirmed) == st.need[pid]:
+                    break
+        if not confirmed:
+            return []
+        st.need[pid] -= len(confirmed)
+        repeats = lines[confirmed[-1] + 1:] if not st.need[pid] else []
+        st.count[pid] += len(confirmed) + len(repeats)
+        if repeats:
+            last[pid] = [(start, end) for start, end, _ in repeats]
+            for start, _end, stop in repeats[:SPREAD_ALL]:
+                if spread := self._read_spread(data, start, stop):
+                    self._spread(st, pid, spread)
+        return [(lines[i][0], lines[i][1], pid, _FINGERPRINT) for i in confirmed]
 
     @staticmethod
-    def _on_marker(marker: markers.Marker, text: str, file_no: int, line_no: int, result: ScanResult) -> None:
-        value = markers.extract(marker, text)
-        if value is None:
-            return
-        if marker.kind == markers.CHECKPOINT:
-            result.checkpoint = redact(value)
-        elif marker.kind == markers.TRACEBACK:
-            result.tracebacks += 1
-        elif marker.kind == markers.EXCEPTION:
-            result.last_exceptions.append(Marked(file_no, line_no, _clip(text, 0, 0)))
-        elif len(result.first_errors) < 3:
-            result.first_errors.append(Marked(file_no, line_no, _clip(text, 0, 0)))
+    def _read_spread(data, start: int, stop: int) -> tuple:
+        m = _SPREAD.match(data, start, min(stop, start + 160))
+        return (m.group("r1") or m.group("r2"), m.group("h1") or m.group("h2")) if m else ()
+
+    @staticmethod
+    def _spread(st: _File, pid: int, spread: tuple) -> None:
+        rank, host = spread
+        if rank is not None:
+            ranks = st.ranks.setdefault(pid, set())
+            if len(ranks) < KEEP_SPREAD:
+                ranks.add(int(rank))
+        if host is not None:
+            hosts = st.hosts.setdefault(pid, set())
+            if len(hosts) < KEEP_SPREAD:
+                hosts.add(host.decode())
+
+    @staticmethod
+    def _keep(kept, data, cut: int, st: _File, progress: _Progress, lines: _Lines) -> None:
+        """Copy the kept lines out of the chunk, with their line numbers and what preceded them."""
+        for start, end, pid, kind in kept:
+            line = lines.at(start)
+            stop = data.find(b"\n", start, cut)
+            stop = cut if stop == -1 else stop
+            lo = max(start, min(end, stop) - WINDOW_BEFORE)
+            hi = min(stop, max(end, lo) + WINDOW_AFTER)
+            raw = _Raw(pid, st.file, line, bytes(data[start : min(stop, start + HEAD_BYTES)]), bytes(data[lo:hi]), lo > start,
+                       progress.iteration(start) if kind in (_FINGERPRINT, "last", markers.EXCEPTION) else None,
+                       progress.checkpoint(start))
+            if kind is _FINGERPRINT:
+                st.first[pid].append(raw)
+            elif kind == "last":
+                st.last.setdefault(pid, deque(maxlen=KEEP_HITS)).append(raw)
+            elif kind == markers.EXCEPTION:
+                st.exceptions.append(raw)
+            else:
+                st.errors.append(raw)
+
+    def _finish(self, st: _File, series: trends.Series | None, tail: bytes, file_no: int, result: ScanResult) -> None:
+        """Add the kept lines of a file to the result (still as bytes); judge its trends."""
+        for pid, fp in enumerate(self.fingerprints):
+            raws = st.first[pid] + list(st.last.get(pid, ()))
+            if raws:
+                later = FingerprintHits(st.count[pid], raws[:KEEP_HITS], deque(raws[KEEP_HITS:], maxlen=KEEP_HITS),
+                                        st.ranks.get(pid, set()), st.hosts.get(pid, set()))
+                result.hits.setdefault(fp, FingerprintHits()).merge(later)
+        result.tracebacks += st.tracebacks
+        result.first_errors += st.errors[: KEEP_ERRORS - len(result.first_errors)]
+        result.last_exceptions.extend(st.exceptions)
+        if series is not None:
+            self._trends(st, series, tail, file_no, result)
+
+    def finalize(self, result: ScanResult) -> None:
+        """Decode, confirm, clip, redact and read the context of the lines a job keeps, once."""
+        for fp in list(result.hits):
+            fph = result.hits[fp]
+            hits = [h for x in fph.hits if (h := self._hit(x) if isinstance(x, _Raw) else x) is not None]
+            if not hits:
+                del result.hits[fp]
+                continue
+            fph.first, fph.last = hits[:KEEP_HITS], deque(hits[KEEP_HITS:], maxlen=KEEP_HITS)
+            for h in hits:
+                fph.spread(h.rank, h.host)
+        result.first_errors = [m for x in result.first_errors if (m := self._marked(markers.ERROR, x))]
+        result.last_exceptions = deque((m for x in result.last_exceptions if (m := self._marked(markers.EXCEPTION, x))),
+                                       maxlen=KEEP_EXCEPTIONS)
+
+    def _marked(self, kind: str, raw: _Raw | Marked) -> Marked | None:
+        if isinstance(raw, Marked):
+            return raw
+        text = raw.window.decode("utf-8", "replace")
+        if self._confirm[self.kinds.index(kind)].search(text) is None:
+            return None
+        return Marked(raw.file, raw.line, _clip(("…" if raw.clipped else "") + text, 0, 0),
+                      markers.iteration(raw.iteration.decode("utf-8", "replace")) if raw.iteration else None,
+                      _checkpoint(raw.checkpoint))
+
+    def _hit(self, raw: _Raw) -> Hit | None:
+        text = raw.window.decode("utf-8", "replace")
+        match = self._confirm[raw.pid].search(text)
+        if match is None:
+            return None
+        ctx = line_context(raw.head.decode("utf-8", "replace"))
+        evidence = _clip(text, *match.span())
+        if raw.clipped and not evidence.startswith("…"):
+            evidence = "…" + evidence
+        return Hit(
+            fingerprint=self.fingerprints[raw.pid], file=raw.file, line=raw.line, text=evidence,
+            rank=ctx.rank, host=ctx.host, time=ctx.time, time_key=ctx.time_key,
+            groups={k: redact(v) for k, v in match.groupdict().items() if v is not None},
+            iteration=markers.iteration(raw.iteration.decode("utf-8", "replace")) if raw.iteration else None,
+            checkpoint=_checkpoint(raw.checkpoint),
+        )
+
+    def _trends(self, st: _File, series: trends.Series, tail: bytes, file_no: int, result: ScanResult) -> None:
+        """Divergence, NaN, fp16 scale and skipped steps, stalls, judged over the whole file."""
+        text = st.iteration.decode("utf-8", "replace") if st.iteration else None
+        last_progress = trends.Quote(st.iteration_line, text) if text else None
+        iteration = markers.iteration(text) if text else None
+        checkpoint = _checkpoint(st.checkpoint)
+        for trend in series.judge(last_progress, trends.last_timestamp(tail), iteration):
+            ctx = line_context(trend.text)
+            for fp in self.detectors[trend.kind]:
+                hit = Hit(fingerprint=fp, file=file_no, line=trend.line,
+                          text=f"{_clip(trend.text, 0, 0)}  <- {trend.meaning}", rank=ctx.rank, host=ctx.host,
+                          time=ctx.time, time_key=ctx.time_key, groups={"trend": trend.meaning},
+                          iteration=trend.iteration, checkpoint=checkpoint)
+                result.hits.setdefault(fp, FingerprintHits()).add(hit)
+
+
+def _checkpoint(line: bytes | None) -> str | None:
+    value = markers.checkpoint(line.decode("utf-8", "replace")) if line else None
+    return redact(value) if value else None

@@ -1,14 +1,27 @@
-"""Failures no single line shows, judged from the log's own progress lines at its end.
+"""Failures no single line shows, judged over the whole run from the values its progress lines log.
 
-- loss-spike: a logged training loss at least SPIKE_FACTOR times the median of the values before
-  it (at least MIN_HISTORY of them), that never comes back below RECOVERY_FACTOR times that median
-  in the rest of the log. A spike that recovers is an ordinary bad batch, not a failure.
-- progress-stall: progress lines carry timestamps, and the log goes on (timestamped lines) for at
-  least STALL_FACTOR times the median interval between progress lines, and at least
-  MIN_STALL_SECONDS, after the last one: the job hung.
+The scan hands every chunk of a file to `Series.read`, which reads values from windows of it: every
+progress line of the first FULL_BYTES of the file, then the first WINDOW_LINES progress lines of
+a window every `position / WINDOWS_PER_E` bytes (about WINDOWS_PER_E windows for each e-fold of
+the file's size: some 40 in a 5 MB paste, 80 in a 2 GB log), and the end of every chunk. Each
+window is scanned by a small engine of its own (the keys below). What is kept is a summary
+(running levels, counters, the few lines a judgement quotes), whatever the log's size; a value
+read is a report, a float() and a comparison or two.
 
-Only the end of each log is read (scan.TAIL_BYTES): what stopped a job is at its end, and reading
-every progress line of a 1 GB log would cost more than the scan itself.
+- divergence: a logged training loss at least SPIKE_FACTOR times the median of the (up to HISTORY)
+  values read before it, with at least MIN_HISTORY of them, that never comes back below
+  RECOVERY_FACTOR times that median in the rest of the values read. A spike that recovers is an
+  ordinary bad batch. The line quoted is where it turned: the lines of the chunk between the
+  window that saw it and the one before are read for the first loss past the threshold.
+- non-finite: the last NONFINITE_RUN values read of the loss or of the grad norm are NaN or Inf.
+  A few infinite grad norms are normal with fp16 (the step is skipped); NaN that stays is not.
+- loss-scale floor: the fp16 loss scale came down to SCALE_FLOOR (Megatron's and DeepSpeed's
+  default minimum) from higher; a scale that is 1.0 throughout is bf16 or fp32, not a collapse.
+- skipped steps: after the first CALIBRATION_ITERATIONS (where the scale calibrates and skips are
+  normal), at least SKIPPED_SHARE of the iterations read were skipped (Megatron's per-interval
+  count, DeepSpeed's cumulative `skipped=`).
+- stall: timestamped progress lines stop while the log goes on (timestamped lines) for at least
+  STALL_FACTOR times the median interval between progress lines, and MIN_STALL_SECONDS: a hang.
 """
 from __future__ import annotations
 
@@ -16,93 +29,312 @@ import bisect
 import math
 import re
 import statistics
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
-from bot.engine import markers
 from bot.engine.context import line_time
+from bot.match import engines
+
+FULL_BYTES = 8 << 10
+WINDOW_BYTES = 1 << 10
+WINDOW_LINES = 3
+WINDOWS_PER_E = 6
+CHUNK_TAIL_BYTES = 1 << 10
+MAX_REFINES = 8  # turns a file may look for in the lines between two windows
+TIMED_LINES = 2  # progress lines of a window read for their time (one gap a window is enough)
 
 SPIKE_FACTOR = 3.0
 RECOVERY_FACTOR = 2.0
 MIN_HISTORY = 10
 HISTORY = 100
+NONFINITE_RUN = 3
+SCALE_FLOOR = 1.0
+CALIBRATION_ITERATIONS = 100
+SKIPPED_SHARE = 0.2
+MIN_SKIPPED = 10
 STALL_FACTOR = 10.0
 MIN_STALL_SECONDS = 300.0
 MIN_STEPS_FOR_STALL = 5
 
-LOSS_SPIKE, PROGRESS_STALL = "loss-spike", "progress-stall"
-KINDS = (LOSS_SPIKE, PROGRESS_STALL)
+LOSS_SPIKE, NONFINITE, SCALE_FLOOR_KIND, SKIPPED_STEPS, PROGRESS_STALL = (
+    "loss-spike", "nonfinite-values", "loss-scale-floor", "skipped-steps", "progress-stall")
+KINDS = (LOSS_SPIKE, NONFINITE, SCALE_FLOOR_KIND, SKIPPED_STEPS, PROGRESS_STALL)
 
-_LOSS = re.compile(r"(?<![\w.])(?:lm |train(?:ing)?[_ ])?loss['\"]?\s*[:=]?\s*([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\b")
+LOSS, GRAD_NORM, SCALE, SKIPPED, DS_SKIPPED, ITERATION = "loss", "grad norm", "loss scale", "skipped", "ds-skipped", "iteration"
+# Each key ends where its value starts. Validation losses are not keys (`val_loss`, `val loss:`).
+_KEYS: tuple[tuple[str, engines.Pattern], ...] = (
+    (LOSS, engines.Pattern(r"\blm loss: ")),  # Megatron
+    (LOSS, engines.Pattern(r"['\"](?:train_)?loss['\"]: ")),  # HF Trainer's {'loss': 2.31, ...}
+    (LOSS, engines.Pattern(r"(?:^|[\s,\[|])(?:train_|train/)?loss[=:] ?")),  # tqdm/Lightning postfix, "| loss: 2.3"
+    (LOSS, engines.Pattern(r"\biter \d+: loss ")),  # nanoGPT
+    (GRAD_NORM, engines.Pattern(r"\bgrad norm: |['\"]grad_norm['\"]: |\bgrad_norm=")),
+    (SCALE, engines.Pattern(r"\bloss scale: |\bloss_scale[=:] ?|\bOVERFLOW! Rank \d+ Skipping step\. Attempted loss scale: \d+(?:\.\d+)?, reducing to ")),
+    (SKIPPED, engines.Pattern(r"\bnumber of skipped iterations: +|\bnumber_of_skipped_iterations= *")),
+    (DS_SKIPPED, engines.Pattern(r"\bstep=\d+, skipped=")),  # DeepSpeed's log_dist: cumulative
+    (ITERATION, engines.Pattern(r"\biteration(?: +|= +)")),  # Megatron "iteration  100/ 1000 |", its forks "iteration=   100/"
+)
+KEY_PATTERNS = [p for _, p in _KEYS]
+_KEY_NAMES = [name for name, _ in _KEYS]
+_NUMBER = re.compile(rb"[ \t]*['\"]?([-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf(?:inity)?))\b", re.I)
+_DS_STEP = re.compile(rb"step=(\d+), skipped=$")
+_NOT_TRAINING = re.compile(rb"(?i)\b(?:val|eval|valid|validation|test)[ _/]?loss\W*$")
 
 
 @dataclass(frozen=True)
 class Trend:
     kind: str
-    line: int  # index into the lines given
+    line: int  # line number in the file
+    text: str  # the line quoted (decoded, not yet clipped or redacted)
     meaning: str
     iteration: str | None
 
 
 @dataclass(frozen=True)
-class _Point:
+class Quote:
     line: int
-    loss: float | None
-    iteration: str | None
-    time: tuple[str, float] | None
+    text: str
 
 
-def _points(lines: list[str]) -> list[_Point]:
-    points = []
-    for i, line in enumerate(lines):
-        loss_match = _LOSS.search(line)
-        iteration = next((v for m in markers.ITERATION_MARKERS if (v := markers.extract(m, line))), None)
-        if loss_match is None and iteration is None:
-            continue
-        loss = float(loss_match.group(1)) if loss_match else None
-        points.append(_Point(i, loss if loss is not None and math.isfinite(loss) else None, iteration,
-                             line_time(line)[1]))
-    return points
+def _quote(data, start: int, line_of) -> Quote:
+    stop = data.find(b"\n", start)
+    text = bytes(data[start: stop if stop != -1 else len(data)][:4096]).decode("utf-8", "replace")
+    return Quote(line_of(start), text.rstrip("\r"))
 
 
-def _spike(points: list[_Point]) -> Trend | None:
-    losses = [(p, p.loss) for p in points if p.loss is not None]
-    window: list[float] = []  # the last HISTORY losses, kept sorted for the median
-    for k, (point, value) in enumerate(losses):
-        if k >= MIN_HISTORY:
-            base = statistics.median(window)
-            if base > 0 and value >= SPIKE_FACTOR * base and all(v >= RECOVERY_FACTOR * base for _, v in losses[k:]):
-                return Trend(LOSS_SPIKE, point.line,
-                             f"loss jumped from a recent median of {base:.4g} to {value:.4g} and did not come back "
-                             f"(threshold {SPIKE_FACTOR:g}x)", point.iteration)
-        bisect.insort(window, value)
-        if k >= HISTORY:
-            window.remove(losses[k - HISTORY][1])
+@dataclass
+class _Divergence:
+    window: list[float] = field(default_factory=list)  # the last HISTORY losses, sorted
+    recent: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+    turn: tuple[Quote, float, float] | None = None  # (line, level before, value)
+
+    def add(self, value: float, quote) -> bool:
+        """Take the next loss read; True when it starts a turn."""
+        started = False
+        if self.turn is not None and value < RECOVERY_FACTOR * self.turn[1]:
+            self.turn = None  # it came back: a spike, not a divergence
+        if self.turn is None and len(self.window) >= MIN_HISTORY:
+            base = statistics.median(self.window)
+            if base > 0 and value >= SPIKE_FACTOR * base:
+                self.turn = (quote(), base, value)
+                started = True
+        if len(self.recent) == HISTORY:
+            self.window.pop(bisect.bisect_left(self.window, self.recent[0]))
+        self.recent.append(value)
+        bisect.insort(self.window, value)
+        return started
+
+
+@dataclass
+class _Steps:
+    """Timestamps of progress lines read one after another, for the usual step time."""
+
+    kind: str | None = None
+    mixed: bool = False
+    gaps: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+    count: int = 0
+
+    def add(self, key: tuple[str, float], previous: tuple[str, float] | None) -> None:
+        self.count += 1
+        if self.kind is None:
+            self.kind = key[0]
+        self.mixed |= key[0] != self.kind
+        if previous is not None and previous[0] == key[0] and key[1] > previous[1]:
+            self.gaps.append(key[1] - previous[1])
+
+
+class Series:
+    """The progress values of one file, read from windows of each chunk, summarised as they come."""
+
+    def __init__(self, engine: engines.Engine) -> None:
+        self._engine = engine
+        self._next = 0  # file offset where the next window starts
+        self.loss = _Divergence()
+        self.finite = {LOSS: deque(maxlen=NONFINITE_RUN), GRAD_NORM: deque(maxlen=NONFINITE_RUN)}
+        self.first_nonfinite: dict[str, Quote] = {}
+        self.scale_max = 0.0
+        self.scale_last: float | None = None
+        self.floor: Quote | None = None
+        self.skipped = [0.0, 0.0]  # Megatron: skipped and iterations, after calibration
+        self.ds_first: tuple[float, float] | None = None  # DeepSpeed (step, skipped) after calibration
+        self.ds_last: tuple[float, float] | None = None
+        self.skip_quote: Quote | None = None
+        self.steps = _Steps()
+        self._gap = 0  # where the part of the chunk not read before the current window starts
+        self.refined = 0
+        self.intervals: deque = deque(maxlen=HISTORY)  # Megatron's iterations between two log lines
+        self._iteration: float | None = None  # Megatron's last iteration number read
+        self._window_iteration: float | None = None  # ... in the window being read
+
+    def windows(self, file_pos: int, cut: int) -> list[tuple[int, int]]:
+        """Offsets in a chunk of `cut` bytes starting at `file_pos` to read values from."""
+        out = []
+        while self._next < file_pos + cut:
+            start = max(self._next, file_pos)
+            size = FULL_BYTES - start if start < FULL_BYTES else WINDOW_BYTES
+            end = min(start + size, file_pos + cut)
+            out.append((start - file_pos, end - file_pos))
+            self._next = end + (0 if end < FULL_BYTES else max(0, end // WINDOWS_PER_E - WINDOW_BYTES))
+        tail = max(0, cut - CHUNK_TAIL_BYTES)
+        if not out or out[-1][1] <= tail:
+            out.append((tail, cut))
+        return out
+
+    def read(self, data, file_pos: int, cut: int, line_of) -> None:
+        """Read the values in the windows of data[:cut], a chunk starting at `file_pos` in the file;
+        `line_of(offset)` is the line number of an offset in it."""
+        self._gap = 0
+        for start, end in self.windows(file_pos, cut):
+            lines = None if file_pos + start < FULL_BYTES else WINDOW_LINES
+            if start:
+                start = data.find(b"\n", start - 1, end) + 1 or end  # whole lines only
+            stop = data.rfind(b"\n", start, end) + 1 if end < cut else cut
+            if stop > start:
+                self._gap = self._window(data, start, stop, line_of, lines)
+
+    def _window(self, data, start: int, stop: int, line_of, lines: int | None) -> int:
+        """Read the values of data[start:stop], of its first `lines` progress lines if given;
+        return where the lines read end."""
+        previous_time = None
+        line_start = -1
+        timed = 0
+        names: set[str] = set()
+        self._window_iteration = None
+        for end, key in self._engine.scan(data, start, stop):
+            ls = data.rfind(b"\n", 0, end) + 1
+            name = _KEY_NAMES[key]
+            if ls == line_start and name in names:
+                continue  # one value of a kind per line ("lm loss: " is also "loss: ")
+            if ls != line_start:  # the first value of a progress line: its time, once
+                names = set()
+                if lines is not None:
+                    if not lines:
+                        return ls
+                    lines -= 1
+                line_start = ls
+                timed += 1
+                timed_ok = lines is None or timed <= TIMED_LINES
+                time_key = line_time(bytes(data[ls: ls + 120]).decode("utf-8", "replace"))[1] if timed_ok else None
+                if time_key is not None:
+                    self.steps.add(time_key, previous_time)
+                    previous_time = time_key
+            m = _NUMBER.match(data, end, min(end + 40, stop))
+            if m is not None:
+                names.add(name)
+                self._value(name, float(m.group(1)), data, end, ls, line_of)
+        return stop
+
+    def _value(self, name: str, value: float, data, end: int, line: int, line_of) -> None:
+        def quote() -> Quote:
+            return _quote(data, line, line_of)
+
+        if name == LOSS and _NOT_TRAINING.search(bytes(data[max(0, end - 24): end])):
+            return  # "val loss: 2.4", "Validation loss: 2.3"
+        if name in self.finite:
+            finite = math.isfinite(value)
+            self.finite[name].append(finite)
+            if not finite:
+                self.first_nonfinite.setdefault(name, quote())
+            elif name == LOSS and self.loss.add(value, quote) and self._gap < line and self.refined < MAX_REFINES:
+                self._refine(data, line, line_of)
+        elif name == ITERATION:
+            if self._window_iteration is not None and value > self._window_iteration:
+                self.intervals.append(value - self._window_iteration)
+            self._iteration = self._window_iteration = value
+        elif name == SCALE and math.isfinite(value):
+            if value <= SCALE_FLOOR < self.scale_max and self.floor is None:
+                self.floor = quote()
+            self.scale_max = max(self.scale_max, value)
+            self.scale_last = value
+        elif name == SKIPPED and self._iteration is not None and self._iteration > CALIBRATION_ITERATIONS:
+            self.skipped[0] += value
+            self.skipped[1] += 1
+            if value and self.skip_quote is None:
+                self.skip_quote = quote()
+        elif name == DS_SKIPPED:
+            m = _DS_STEP.search(data, max(0, end - 40), end)
+            step = float(m.group(1)) if m else None
+            if step is not None and step > CALIBRATION_ITERATIONS:
+                if self.ds_first is None:
+                    # The count is cumulative: at most one skip an iteration went to calibrating the
+                    # scale in the first iterations, so a first reading of 1995 skipped at step 2000
+                    # already says most steps after calibration were skipped.
+                    self.ds_first = (CALIBRATION_ITERATIONS, min(value, CALIBRATION_ITERATIONS))
+                self.ds_last = (step, value)
+                if value > self.ds_first[1] and self.skip_quote is None:
+                    self.skip_quote = quote()
+
+    def _refine(self, data, start: int, line_of) -> None:
+        """A turn seen in a window: the first loss past the threshold may be in the lines not read
+        before it (in this chunk); read them for it."""
+        self.refined += 1
+        quote, base, value = self.loss.turn
+        line = -1
+        for end, key in self._engine.scan(data, self._gap, start):
+            ls = data.rfind(b"\n", 0, end) + 1
+            if _KEY_NAMES[key] != LOSS or ls == line or _NOT_TRAINING.search(bytes(data[max(0, end - 24): end])):
+                continue
+            m = _NUMBER.match(data, end, min(end + 40, start))
+            if m is None:
+                continue
+            line = ls
+            if float(m.group(1)) >= SPIKE_FACTOR * base:
+                self.loss.turn = (_quote(data, ls, line_of), base, float(m.group(1)))
+                return
+
+    def skipped_share(self) -> tuple[float, float]:
+        """(skipped, iterations) judged after calibration, from whichever format the log uses."""
+        if self.ds_first and self.ds_last and self.ds_last[0] > self.ds_first[0]:
+            return self.ds_last[1] - self.ds_first[1], self.ds_last[0] - self.ds_first[0]
+        interval = statistics.median(self.intervals) if self.intervals else 1.0
+        return self.skipped[0], self.skipped[1] * interval
+
+    def judge(self, last_progress: Quote | None, last_time: tuple[str, float] | None,
+              iteration: str | None) -> list[Trend]:
+        """The trends of the whole file, once it has been read."""
+        out = []
+        if self.loss.turn is not None:
+            quote, base, value = self.loss.turn
+            out.append(Trend(LOSS_SPIKE, quote.line, quote.text,
+                             f"loss rose from a running level of {base:.4g} to {value:.4g} here and never came back "
+                             f"below {RECOVERY_FACTOR:g}x that level (threshold {SPIKE_FACTOR:g}x)", iteration))
+        for name, flags in self.finite.items():
+            if len(flags) == NONFINITE_RUN and not any(flags):
+                quote = self.first_nonfinite[name]
+                out.append(Trend(NONFINITE, quote.line, quote.text,
+                                 f"the logged {name} is NaN or Inf from here on (the last {NONFINITE_RUN} values read)", iteration))
+                break
+        if self.floor is not None and self.scale_last is not None and self.scale_last <= SCALE_FLOOR:
+            out.append(Trend(SCALE_FLOOR_KIND, self.floor.line, self.floor.text,
+                             f"the fp16 loss scale fell from {self.scale_max:g} to its floor {self.scale_last:g} and stayed there",
+                             iteration))
+        skipped, total = self.skipped_share()
+        if self.skip_quote is not None and total and skipped >= MIN_SKIPPED and skipped / total >= SKIPPED_SHARE:
+            out.append(Trend(SKIPPED_STEPS, self.skip_quote.line, self.skip_quote.text,
+                             f"{skipped / total:.0%} of the iterations read after the first {CALIBRATION_ITERATIONS} were "
+                             f"skipped for overflow (threshold {SKIPPED_SHARE:.0%})", iteration))
+        stall = self._stall(last_progress, last_time, iteration)
+        return out + ([stall] if stall else [])
+
+    def _stall(self, last: Quote | None, last_time: tuple[str, float] | None, iteration: str | None) -> Trend | None:
+        steps = self.steps
+        if last is None or last_time is None or steps.mixed or steps.count < MIN_STEPS_FOR_STALL or not steps.gaps:
+            return None
+        progress_time = line_time(last.text)[1]
+        if progress_time is None or progress_time[0] != steps.kind or last_time[0] != steps.kind:
+            return None
+        step = statistics.median(steps.gaps)
+        silent = last_time[1] - progress_time[1]
+        if silent < max(STALL_FACTOR * step, MIN_STALL_SECONDS):
+            return None
+        return Trend(PROGRESS_STALL, last.line, last.text,
+                     f"no new progress line for {silent / 60:.0f} min after this one, while steps took {step:.3g} s "
+                     f"(threshold {STALL_FACTOR:g}x the step time and {MIN_STALL_SECONDS / 60:g} min)", iteration)
+
+
+def last_timestamp(tail: bytes) -> tuple[str, float] | None:
+    """The time of the last timestamped line among the last lines of a file."""
+    for line in reversed(tail.split(b"\n")[-200:]):
+        key = line_time(line[:120].decode("utf-8", "replace"))[1]
+        if key is not None:
+            return key
     return None
-
-
-def _stall(points: list[_Point], lines: list[str]) -> Trend | None:
-    timed = [p for p in points if p.time is not None]
-    if len(timed) < MIN_STEPS_FOR_STALL or len({p.time[0] for p in timed}) != 1:
-        return None
-    kind = timed[0].time[0]
-    gaps = [b.time[1] - a.time[1] for a, b in zip(timed, timed[1:]) if b.time[1] > a.time[1]]
-    if not gaps:
-        return None
-    step = statistics.median(gaps)
-    last = timed[-1]
-    later = [t for line in lines[last.line + 1:] if (t := line_time(line)[1]) and t[0] == kind]
-    if not later:
-        return None
-    silent = max(t[1] for t in later) - last.time[1]
-    if silent >= max(STALL_FACTOR * step, MIN_STALL_SECONDS):
-        return Trend(PROGRESS_STALL, last.line,
-                     f"no new progress line for {silent / 60:.0f} min after this one, while steps took "
-                     f"{step:.3g} s (threshold {STALL_FACTOR:g}x the step time and {MIN_STALL_SECONDS / 60:g} min)",
-                     last.iteration)
-    return None
-
-
-def analyse(lines: list[str]) -> list[Trend]:
-    """The trends found in the last lines of one log."""
-    points = _points(lines)
-    return [t for t in (_spike(points), _stall(points, lines)) if t is not None]

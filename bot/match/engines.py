@@ -33,11 +33,17 @@ class Pattern:
     ignorecase: bool = False
 
 
+# Reports kept for one line before the scan skips to the next line: a line of a literal repeated
+# 200,000 times costs this many reports, not 200,000 (the caller wants lines, not matches).
+LINE_REPORTS = 64
+
+
 class Engine(Protocol):
     name: str
 
-    def scan(self, chunk: memoryview) -> list[tuple[int, int]]:
-        """Return (end_offset, pattern_index) pairs sorted by end offset."""
+    def scan(self, data, start: int, cut: int) -> list[tuple[int, int]]:
+        """(end_offset, pattern_index) pairs in data[start:cut], sorted by end offset (offsets into
+        data); every line that matches a pattern is reported for it, not every match on it."""
 
 
 def re2_compile(pattern: Pattern, multiline: bool = False, text: bool = False) -> "re2._Regexp":
@@ -78,13 +84,13 @@ def _hyperscan_db(patterns: list[Pattern]) -> "hyperscan.Database":
     return db
 
 
-def _cached_hyperscan_db(patterns: list[Pattern]) -> "hyperscan.Database":
+def _cached_hyperscan_db(patterns: list[Pattern], prefilter: bool) -> "hyperscan.Database":
     """Compiling ~500 patterns takes about a second; a serialized database loads in milliseconds.
 
     Keyed by the patterns, their flags and the hyperscan version, under XDG_CACHE_HOME; any problem
     with the cache only means compiling again.
     """
-    key = hashlib.sha256(repr((version("hyperscan"), [(p.regex, p.ignorecase) for p in patterns])).encode())
+    key = hashlib.sha256(repr((version("hyperscan"), prefilter, [(p.regex, p.ignorecase) for p in patterns])).encode())
     path = cache_dir() / f"hyperscan-{key.hexdigest()[:24]}.db"
     try:
         db = hyperscan.loadb(path.read_bytes(), hyperscan.HS_MODE_BLOCK)
@@ -92,8 +98,10 @@ def _cached_hyperscan_db(patterns: list[Pattern]) -> "hyperscan.Database":
         return db
     except (OSError, hyperscan.error):
         pass
-    common = _CommonText()
-    db = _hyperscan_db([_prefilter(p, common) for p in patterns])
+    if prefilter:
+        common = _CommonText()
+        patterns = [_prefilter(p, common) for p in patterns]
+    db = _hyperscan_db(patterns)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -132,21 +140,47 @@ def _prefilter(pattern: Pattern, common: _CommonText) -> Pattern:
 
 
 class HyperscanEngine:
-    """Reports every line that holds a required literal of a pattern (or the pattern itself)."""
+    """Reports every line that holds a required literal of a pattern (or the pattern itself); a
+    line with more than LINE_REPORTS reports is left after them (in linear time whatever it holds)."""
 
     name = "hyperscan"
 
-    def __init__(self, patterns: list[Pattern]) -> None:
-        self._db = _cached_hyperscan_db(patterns)
+    def __init__(self, patterns: list[Pattern], prefilter: bool = True) -> None:
+        self._db = _cached_hyperscan_db(patterns, prefilter)
+        self._patterns = patterns
+        self._rest: RE2Engine | None = None  # for the rest of a line left early
 
-    def scan(self, chunk: memoryview) -> list[tuple[int, int]]:
+    def _rest_of_line(self, data, start: int, cut: int) -> tuple[int, list[tuple[int, int]]]:
+        """Where the scan resumes after a line left early at `start`, and one report at that
+        line's end for each pattern found in the rest of it."""
+        stop = data.find(b"\n", start, cut)
+        stop = cut if stop == -1 else stop
+        if self._rest is None:
+            self._rest = RE2Engine(self._patterns)
+        with memoryview(data)[start:stop] as view:
+            present = self._rest.present(view)
+        return stop + 1, [(stop, pid) for pid in sorted(present)]
+
+    def scan(self, data, start: int, cut: int) -> list[tuple[int, int]]:
         hits: list[tuple[int, int]] = []
         append = hits.append
+        base = start
 
-        def on_match(pid: int, _start: int, end: int, _flags: int, _ctx: object) -> None:
-            append((end, pid))
+        def on_match(pid: int, _start: int, end: int, _flags: int, _ctx: object) -> int:
+            append((base + end, pid))
+            # Every LINE_REPORTS reports, stop when they all fell on one line; the scan resumes after it.
+            if len(hits) % LINE_REPORTS == 0 and data.find(b"\n", hits[-LINE_REPORTS][0], base + end) == -1:
+                return 1
+            return 0
 
-        self._db.scan(chunk, match_event_handler=on_match)
+        with memoryview(data) as view:
+            while base < cut:
+                try:
+                    self._db.scan(view[base:cut], match_event_handler=on_match)
+                    break
+                except hyperscan.ScanTerminated:
+                    base, rest = self._rest_of_line(data, hits[-1][0], cut)
+                    hits += rest
         return hits
 
 
@@ -160,24 +194,32 @@ class RE2Engine:
             self._set.Add(regex.pattern)
         self._set.Compile()
 
-    def scan(self, chunk: memoryview) -> list[tuple[int, int]]:
-        data = bytes(chunk)
-        hits = [
-            (m.end(), pid)
-            for pid in (self._set.Match(data) or [])
-            for m in self._regexes[pid].finditer(data)
-        ]
+    def present(self, data) -> list[int]:
+        """The patterns that occur somewhere in `data`."""
+        return self._set.Match(data) or []
+
+    def scan(self, data, start: int, cut: int) -> list[tuple[int, int]]:
+        with memoryview(data)[start:cut] as view:
+            present = self.present(view)
+        hits = []
+        for pid in present:
+            regex, pos = self._regexes[pid], start
+            while (m := regex.search(data, pos, cut)) is not None:
+                hits.append((m.end(), pid))
+                pos = data.find(b"\n", m.end(), cut) + 1 or cut  # one report a line is enough
         hits.sort()
         return hits
 
 
-def build(patterns: list[Pattern], wanted: str | None = None) -> Engine:
-    """The engine named by `wanted` or TRAINMEDIC_ENGINE; "auto" is the fastest one available here."""
+def build(patterns: list[Pattern], wanted: str | None = None, prefilter: bool = True) -> Engine:
+    """The engine named by `wanted` or TRAINMEDIC_ENGINE; "auto" is the fastest one available here.
+    Without `prefilter` every report ends where the whole pattern's match ends (Hyperscan otherwise
+    may look for a required literal only)."""
     wanted = wanted or os.environ.get("TRAINMEDIC_ENGINE") or "auto"
     if wanted not in ("auto", "hyperscan", "re2"):
         raise ValueError(f"TRAINMEDIC_ENGINE={wanted!r}: use auto, hyperscan or re2")
     if wanted == "hyperscan" and hyperscan is None:
         raise ValueError("TRAINMEDIC_ENGINE=hyperscan but the hyperscan package is not installed")
     if hyperscan is not None and wanted != "re2":
-        return HyperscanEngine(patterns)
+        return HyperscanEngine(patterns, prefilter)
     return RE2Engine(patterns)

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
 
 from bot.engine.diagnose import Diagnoser, Diagnosis
+from bot.engine.scan import ScanResult
+from bot.sources import parallel
 
 GZIP_MAGIC = b"\x1f\x8b"
 _BINARY_MAGIC = {
@@ -157,12 +159,25 @@ def diagnose_streams(diagnoser: Diagnoser, streams: Iterable[tuple[str, BinaryIO
     return diagnoser.diagnose(_from_raw(streams, warnings, max_bytes), jobid, warnings)
 
 
+def scan_files(diagnoser: Diagnoser, files: list[tuple[str, str]], max_bytes: int | None) -> ScanResult:
+    """Scan files one after another in this process into one result."""
+    result = ScanResult()
+    for name, stream in _from_files(files, result.warnings, max_bytes):
+        diagnoser.scanner.scan(stream, name, result)
+    return result
+
+
 def diagnose_files(diagnoser: Diagnoser, files: list[tuple[str, str]], jobid: str | None = None,
                    max_bytes: int | None = None) -> Diagnosis:
     """Diagnose files given as (path, name to show; '-' is stdin) as one job: local files,
-    downloads, a Slurm job's log tails. Raises InputError for what cannot be read."""
-    warnings: list[str] = []
-    return diagnoser.diagnose(_from_files(files, warnings, max_bytes), jobid, warnings)
+    downloads, a Slurm job's log tails; many big files in several processes where cores are
+    free (bot/sources/parallel.py). Raises InputError for what cannot be read."""
+    workers = parallel.workers_for(files)
+    if workers > 1:
+        result = parallel.scan(diagnoser, files, max_bytes, workers)
+    else:
+        result = scan_files(diagnoser, files, max_bytes)
+    return diagnoser.analyse(result, jobid)
 
 
 def diagnose_paths(diagnoser: Diagnoser, paths: list[str], jobid: str | None = None) -> Diagnosis:
