@@ -378,8 +378,8 @@ def test_a_big_upload_gets_a_placeholder_that_becomes_the_diagnosis(tmp_path, kb
 
 @pytest.mark.parametrize("failure, expect", [("login-page", "login page"), ("unreachable", "error id")])
 def test_a_failed_big_upload_turns_its_placeholder_into_the_error(tmp_path, kb, scans, failure, expect):
-    async def scenario():  # files.slack.com unreachable is retried as an outage: here for 3 s, not a day
-        async with running_bot(tmp_path, kb, scans, give_up_after=3.0) as bot:
+    async def scenario():  # files.slack.com unreachable is retried as an outage: here for 1 s, not a day
+        async with running_bot(tmp_path, kb, scans, give_up_after=1.0) as bot:
             meta = bot.fake.add_file("F0BIG", "rank3.log", OOM_LOG, filetype="text")
             meta["size"] = 300 << 20
             meta["url_private_download"] = f"{bot.fake.url}/login/F0BIG" if failure == "login-page" else \
@@ -486,23 +486,24 @@ def test_a_private_answer_whose_response_url_has_expired_goes_by_chat_post_ephem
 
 
 def test_a_response_url_takes_five_answers_and_the_sixth_goes_by_chat_post_ephemeral(tmp_path):
-    def six(fake):
-        return [reply_to_command(fake, n, 600, private=True) for n in range(1, 7)]
+    def six(fake):  # in six channels, so that no pacing holds them up
+        return [reply_to_command(fake, n, 600, channel=f"C0TEAM{n}", private=True) for n in range(1, 7)]
 
     async def scenario():
         async with outbox_alone(tmp_path, six) as (fake, _):
             [late] = await fake.wait_for("chat.postEphemeral")
-            assert [c.params["text"] for c in fake.called("response_url")] == [f"answer {n}" for n in range(1, 6)]
-            assert late.params["text"] == "answer 6"
+            responded = [c.params["text"] for c in fake.called("response_url")]
+            assert len(responded) == 5
+            assert sorted(responded + [late.params["text"]]) == [f"answer {n}" for n in range(1, 7)]
 
     run(scenario())
 
 
 def test_an_answer_through_response_url_is_retried_before_it_expires_and_not_given_up_while_usable(tmp_path):
-    expires = time.monotonic() + 8
+    expires = time.monotonic() + 5
 
     def rows(fake):
-        return [reply_to_command(fake, 1, 8, channel="C0ELSEWHERE")]
+        return [reply_to_command(fake, 1, 5, channel="C0ELSEWHERE")]
 
     async def scenario():
         # An old row: its backoff alone would wait a minute, and its age is past give_up_after.
