@@ -112,3 +112,13 @@ def slurm(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SLURM_CHILD", str(tmp_path / "child.pid"))
     monkeypatch.setenv("TRAINMEDIC_SLURM_LOG_ROOTS", str(root))
     return FakeSlurm(root, db, tmp_path / "calls.jsonl")
+
+
+@pytest.fixture(scope="module")
+def scans():
+    """A scan worker pool for the Slack tests of one module (spawned processes: start-up costs)."""
+    from bot.sources.workers import ScanPool
+
+    pool = ScanPool(workers=1)
+    yield pool
+    pool.close()

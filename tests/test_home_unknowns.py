@@ -2,18 +2,9 @@
 over HTTP on 127.0.0.1, FakeSlack, the real history)."""
 import asyncio
 
-import pytest
 from slackbot import USER, running_bot
 
 from bot.engine.diagnose import Diagnoser
-from bot.sources.workers import ScanPool
-
-
-@pytest.fixture(scope="module")
-def scans():
-    pool = ScanPool(workers=1)
-    yield pool
-    pool.close()
 
 
 def test_app_home_shows_one_row_per_distinct_unknown_with_its_count(tmp_path, kb, scans):

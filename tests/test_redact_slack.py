@@ -5,19 +5,10 @@ import asyncio
 import gzip
 import logging
 
-import pytest
 from secret_corpus import SEED, LeakFinder, placements
 from slackbot import message, running_bot
 
 from bot.engine.redact import MASK
-from bot.sources.workers import ScanPool
-
-
-@pytest.fixture(scope="module")
-def scans():
-    pool = ScanPool(workers=1)
-    yield pool
-    pool.close()
 
 
 def _posted(bot) -> str:

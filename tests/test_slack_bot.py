@@ -8,20 +8,11 @@ import pytest
 from slack_fake import BOT_TOKEN
 from slackbot import CHANNEL, USER, message, running_bot, signed_headers
 
-from bot.sources.workers import ScanPool
-
 OOM_PASTE = """```
 [rank0]: {'loss': 1.3021, 'grad_norm': 0.4411, 'learning_rate': 1.9e-05, 'epoch': 0.24}
 [rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.82 GiB. GPU 3 has a total capacity of 79.15 GiB of which 1.71 GiB is free. Including non-PyTorch memory, this process has 77.43 GiB memory in use.
 [rank0]:[E1010 06:49:17.596585 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=88231, OpType=ALLREDUCE, NumelIn=262144, NumelOut=262144, Timeout(ms)=600000) ran for 600021 milliseconds before timing out.
 ```"""
-
-
-@pytest.fixture(scope="module")
-def scans():
-    pool = ScanPool(workers=1)
-    yield pool
-    pool.close()
 
 
 def run(coro):

@@ -18,13 +18,6 @@ OOM = ("[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3
        "capacity of 79.15 GiB of which 1.71 GiB is free.")
 
 
-@pytest.fixture(scope="module")
-def scans():
-    pool = ScanPool(workers=1)
-    yield pool
-    pool.close()
-
-
 def run(coro):
     return asyncio.run(coro)
 

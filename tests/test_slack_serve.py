@@ -7,17 +7,9 @@ import socket
 import sys
 
 import aiohttp
+from faults import PASTE, free_port
 from slack_fake import APP_TOKEN, BOT_TOKEN, SIGNING_SECRET, FakeSlack
 from slackbot import event_body, message, signed_headers
-
-PASTE = ("[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.82 GiB. GPU 3 has a total "
-         "capacity of 79.15 GiB of which 1.71 GiB is free.")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _health(http: aiohttp.ClientSession, port: int) -> int | None:

@@ -20,7 +20,6 @@ from test_slurm import record, steps
 from bot.history.store import AsyncHistory, History
 from bot.slack.client import outbox_client
 from bot.slack.outbox import Outbox
-from bot.sources.workers import ScanPool
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slack"
 OOM = ("[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.82 GiB. GPU 3 has a total "
@@ -39,13 +38,6 @@ UNKNOWN = ("2024-05-01 12:00:01 ERROR flux capacitor lost sync (code 88)\n"
 # mention, a subtype and an event type nobody here knows, a button nobody registered.
 IGNORED = ["message_changed", "message_deleted", "bot_message", "channel_join", "unknown_subtype", "reaction_added",
            "unknown_event", "document_mention", "block_actions_unknown"]
-
-
-@pytest.fixture(scope="module")
-def scans():
-    pool = ScanPool(workers=1)
-    yield pool
-    pool.close()
 
 
 def shape(name: str) -> dict:
