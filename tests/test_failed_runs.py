@@ -158,3 +158,30 @@ def test_a_failure_the_launcher_restarted_from_is_not_the_answer(diagnoser):
     assert d.root is None and d.findings == []
     # without the restart the same line ends the run and names the kill
     assert diagnoser.diagnose_text(PROGRESS + restart.splitlines(True)[0]).root.entry.id == "host-oom-kill"
+
+
+IGNORED = """\
+Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__ at 0x7f3a2c1d0ee0>
+Traceback (most recent call last):
+  File "/usr/lib/python3/site-packages/torch/utils/data/dataloader.py", line 1479, in __del__
+    self._shutdown_workers()
+AttributeError: '_MultiProcessingDataLoaderIter' object has no attribute '_workers_status'
+"""
+
+
+def test_an_exception_python_reported_as_ignored_ended_nothing(diagnoser):
+    """Raised in __del__ at exit, Python prints it under "Exception ignored in" and goes on."""
+    assert diagnoser.diagnose_text(PROGRESS + "Training completed.\n" + IGNORED).root is None
+    # the same exception without the header did end the run
+    unignored = IGNORED.split("\n", 1)[1]
+    assert diagnoser.diagnose_text(PROGRESS + unignored).root.entry.id == "python-user-code-error"
+
+
+def test_a_windows_crash_exit_code_is_a_segfault(diagnoser):
+    """0xC0000005 (access violation), printed as an unsigned exit code by a wrapper."""
+    report = ("subprocess.CalledProcessError: Command '['C:\\\\Python310\\\\python.exe', 'train.py']' "
+              "returned non-zero exit status 3221225477.")
+    d = diagnoser.diagnose_text(PROGRESS + report + "\n")
+    assert d.root is not None and d.root.entry.id == "segfault"
+    plain = report.replace("3221225477", "1")
+    assert diagnoser.diagnose_text(PROGRESS + plain + "\n").root.entry.id == "launcher-subprocess-failed"

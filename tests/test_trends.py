@@ -154,3 +154,20 @@ def test_one_cumulative_deepspeed_count_is_enough_when_most_steps_were_skipped(d
     assert _finding(d, "fp16-loss-scale") is not None
     # the calibration's skips (at most one an iteration at the start) are not a collapse
     assert _finding(_diagnose(diagnoser, noise + [log_dist(2000, 95)] + noise), "fp16-loss-scale") is None
+
+
+def test_a_fairseq_scale_below_one_is_a_collapse_by_itself(diagnoser):
+    lines = [f"2023-03-01 10:00:{i:02d} | INFO | train_inner | epoch 001:    {i * 100} / 5000 loss=7.1, "
+             f"loss_scale={0.5 / 2 ** i:g}, wall={i * 60}" for i in range(8)]
+    fp16 = _finding(_diagnose(diagnoser, lines), "fp16-loss-scale")
+    assert fp16 is not None
+    # a scale that stays at or above 1 with no fall is calibration, not a collapse
+    healthy = [line.replace(f"loss_scale={0.5 / 2 ** i:g}", "loss_scale=128") for i, line in enumerate(lines)]
+    assert _finding(_diagnose(diagnoser, healthy), "fp16-loss-scale") is None
+
+
+def test_a_tensorflow_loss_equals_series_is_read_for_divergence(diagnoser):
+    losses = [2.1 - i * 0.005 for i in range(40)] + [3.0, 4.4, 6.8, 7.9, 8.8, 9.4, 9.9, 10.3]
+    lines = [f"INFO:tensorflow:loss = {loss:.4f}, step = {i * 100} ({0.41:.3f} sec)" for i, loss in enumerate(losses)]
+    spike = _finding(_diagnose(diagnoser, lines), "loss-spike")
+    assert spike is not None and "loss = 6.8000" in spike.first.text

@@ -145,12 +145,15 @@ def _group_by_entry(kb: KnowledgeBase, result: ScanResult) -> tuple[dict[str, _E
     """(entries with a root or cascade hit, entries hit only by confirmations); a wrapper whose
     every report the launcher restarted from is neither."""
     grouped: dict[str, list] = {}
+    ignored = fallback.ignored_blocks(result)
     for fp, fph in result.hits.items():
-        grouped.setdefault(fp.entry, []).append((fp, fph))
+        kept = [h for h in fph.hits if not fallback.in_blocks(h.file, h.line, ignored)]
+        if kept:  # a line inside an exception Python reported as ignored (in __del__, at exit) is no failure
+            grouped.setdefault(fp.entry, []).append((fp, kept))
     present, confirmed = {}, {}
     for entry_id, items in grouped.items():
         roles = {fp.role for fp, _ in items}
-        hits = sorted((h for _, fph in items for h in fph.hits), key=lambda h: h.order)
+        hits = sorted((h for _, kept in items for h in kept), key=lambda h: h.order)
         score = _noisy_or(fp.strength for fp, _ in items)
         eh = _EntryHits(kb.get(entry_id), hits, roles, score)
         if _recovered(eh, result):

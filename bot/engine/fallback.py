@@ -22,6 +22,8 @@ from bot.kb.load import KnowledgeBase
 
 LAST_EXCEPTION = "last-exception"
 END_LINES = 40  # an exception this close to the end of its file ended the run
+IGNORED_LINES = 40  # an exception this close after Python's "Exception ignored in" header is that ignored one
+_IGNORED = re.compile(r"\bException ignored in\b")
 _TYPE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception))(?=:|\s*$)")
 
 
@@ -48,11 +50,32 @@ def last_exception(result: ScanResult) -> Marked | None:
     if not result.tracebacks:
         return None  # an error line without a traceback is not an uncaught Python exception
     matched = set(_matched_lines(result, ("root", "cascade", "confirm")))
+    blocks = ignored_blocks(result)
     for m in reversed(result.last_exceptions):
-        if (m.file, m.line) in matched:
-            continue  # a wrapper's exception, or a line a known entry already explains
+        if (m.file, m.line) in matched or _IGNORED.search(m.text):
+            continue  # a wrapper's exception, a line a known entry already explains, an "ignored" header
+        if in_blocks(m.file, m.line, blocks):
+            return None  # Python reported it as ignored (raised in __del__ or at exit): it ended nothing
         return m if ended_the_run(m.file, m.line, result) else None
     return None
+
+
+def ignored_blocks(result: ScanResult) -> list[tuple[int, int, int]]:
+    """(file, first line, last line) of each exception Python reported as ignored, among the last
+    exception lines kept: from its "Exception ignored in" header to its own exception line."""
+    kept = list(result.last_exceptions)
+    blocks = []
+    for i, header in enumerate(kept):
+        if _IGNORED.search(header.text):
+            end = next((m.line for m in kept[i + 1:] if m.file == header.file and not _IGNORED.search(m.text)
+                        and m.line - header.line <= IGNORED_LINES), None)
+            if end is not None:
+                blocks.append((header.file, header.line, end))
+    return blocks
+
+
+def in_blocks(file: int, line: int, blocks: list[tuple[int, int, int]]) -> bool:
+    return any(f == file and first < line <= last for f, first, last in blocks)
 
 
 def add_last_exception(kb: KnowledgeBase, result: ScanResult) -> bool:
@@ -88,6 +111,11 @@ def reported_signal(reports: list[Hit], result: ScanResult) -> tuple[int, Hit] |
     return None
 
 
+# Windows reports a crash as an NTSTATUS exit code (unsigned, or negative when read as int32):
+# access violation and stack overflow behave as SIGSEGV, a fail-fast (stack buffer overrun) as abort.
+_NTSTATUS = {0xC0000005: 11, 0xC00000FD: 11, 0xC0000409: 6}
+
+
 def _exit_of(groups: dict[str, str]) -> int | None:
     """The signal number a wrapper's captures say the child died of (> 0), 0 for a plain non-zero
     exit code, None when they say nothing of how it ended."""
@@ -98,5 +126,7 @@ def _exit_of(groups: dict[str, str]) -> int | None:
         value = groups.get(name, "")
         if value.lstrip("-").isdigit() and int(value) != 0:
             code = int(value)
+            if code & 0xFFFFFFFF in _NTSTATUS:
+                return _NTSTATUS[code & 0xFFFFFFFF]
             return -code if code < 0 else code - 128 if 128 < code < 160 else 0
     return None

@@ -41,7 +41,8 @@ LINE_MARKERS: tuple[Marker, ...] = (
     # not "Configuration saved in .../checkpoint-1200/config.json".
     Marker(CHECKPOINT, Pattern(r"\b(sav(ed|ing)|wrote|writing)( the| a)?( model| final)? (checkpoint|ckpt)\b|\bsaving model to\b", True), _PATH),
     Marker(TRACEBACK, Pattern(r"Traceback \(most recent call last\)")),
-    Marker(EXCEPTION, Pattern(r"\b[A-Z]\w*(Error|Exception)(:|$)")),
+    # and the header Python prints over an exception it ignored (in __del__, at interpreter exit)
+    Marker(EXCEPTION, Pattern(r"\b[A-Z]\w*(Error|Exception)(:|$)|\bException ignored in\b")),
     Marker(ERROR, Pattern(r"\b(error|fatal)\b", True)),
 )
 

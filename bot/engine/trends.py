@@ -16,7 +16,8 @@ read is a report, a float() and a comparison or two.
 - non-finite: the last NONFINITE_RUN values read of the loss or of the grad norm are NaN or Inf.
   A few infinite grad norms are normal with fp16 (the step is skipped); NaN that stays is not.
 - loss-scale floor: the fp16 loss scale came down to SCALE_FLOOR (Megatron's and DeepSpeed's
-  default minimum) from higher; a scale that is 1.0 throughout is bf16 or fp32, not a collapse.
+  default minimum) from higher, or below it (fairseq's minimum is 1e-4: only repeated overflows
+  get there); a scale that is 1.0 throughout is bf16 or fp32, not a collapse.
 - skipped steps: after the first CALIBRATION_ITERATIONS (where the scale calibrates and skips are
   normal), at least SKIPPED_SHARE of the iterations read were skipped (Megatron's per-interval
   count, DeepSpeed's cumulative `skipped=`).
@@ -65,10 +66,13 @@ LOSS, GRAD_NORM, SCALE, SKIPPED, DS_SKIPPED, ITERATION = "loss", "grad norm", "l
 _KEYS: tuple[tuple[str, engines.Pattern], ...] = (
     (LOSS, engines.Pattern(r"\blm loss: ")),  # Megatron
     (LOSS, engines.Pattern(r"['\"](?:train_)?loss['\"]: ")),  # HF Trainer's {'loss': 2.31, ...}
-    (LOSS, engines.Pattern(r"(?:^|[\s,\[|])(?:train_|train/)?loss[=:] ?")),  # tqdm/Lightning postfix, "| loss: 2.3"
+    (LOSS, engines.Pattern(r"(?:^|[\s,\[|:])(?:train_|train/)?loss ?[=:] ?")),  # tqdm/Lightning postfix, "| loss: 2.3", TF "INFO:tensorflow:loss = 2.3"
     (LOSS, engines.Pattern(r"\biter \d+: loss ")),  # nanoGPT
     (GRAD_NORM, engines.Pattern(r"\bgrad norm: |['\"]grad_norm['\"]: |\bgrad_norm=")),
-    (SCALE, engines.Pattern(r"\bloss scale: |\bloss_scale[=:] ?|\bOVERFLOW! Rank \d+ Skipping step\. Attempted loss scale: \d+(?:\.\d+)?, reducing to ")),
+    # Megatron "loss scale: 1.0 |" (older forks without the colon), fairseq "loss_scale=0.062" and
+    # "setting loss scale to: 0.0625", DeepSpeed's overflow lines (new and old wording)
+    (SCALE, engines.Pattern(r"\bloss[ _]scale(?:[=:] ?| )|\bsetting loss scale to: |(?:\bOVERFLOW! Rank \d+|\bOverflow detected\.) "
+                            r"Skipping step\. Attempted loss scale: \d+(?:\.\d+)?, reducing to |\bReducing dynamic loss scale from \d+(?:\.\d+)? to ")),
     (SKIPPED, engines.Pattern(r"\bnumber of skipped iterations: +|\bnumber_of_skipped_iterations= *")),
     (DS_SKIPPED, engines.Pattern(r"\bstep=\d+, skipped=")),  # DeepSpeed's log_dist: cumulative
     (ITERATION, engines.Pattern(r"\biteration(?: +|= +)")),  # Megatron "iteration  100/ 1000 |", its forks "iteration=   100/"
@@ -241,7 +245,8 @@ class Series:
                 self.intervals.append(value - self._window_iteration)
             self._iteration = self._window_iteration = value
         elif name == SCALE and math.isfinite(value):
-            if value <= SCALE_FLOOR < self.scale_max and self.floor is None:
+            # at the floor from higher; below 1 it can only have got there by repeated overflows
+            if (value < SCALE_FLOOR or value <= SCALE_FLOOR < self.scale_max) and self.floor is None:
                 self.floor = quote()
             self.scale_max = max(self.scale_max, value)
             self.scale_last = value
