@@ -153,3 +153,17 @@ def test_progress_before_a_failure_in_big_chunks(tiny_kb, engine, failure_at_mb)
         size += len(line) + 1
     d = _diagnose(tiny_kb, ("\n".join(lines) + "\n").encode(), engine, chunk=1 << 20)
     assert d.progress["iteration"] == before
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_lines_the_engine_reports_but_the_pattern_rejects_are_not_hits(tiny_kb, engine):
+    """Hyperscan looks for a required literal ("KABOOM at step "); a chunk's many lines holding it
+    without a step number are confirmed away in growing batches, and the real ones after them kept."""
+    lines = [f"[rank{i % 8}]: KABOOM at step unknown" for i in range(500)]
+    lines += [f"[rank{i}]: KABOOM at step {1000 + i}" for i in range(7)]
+    d = _diagnose(tiny_kb, ("\n".join(lines) + "\n").encode(), engine)
+    (fp, fph), = ((fp, fph) for fp, fph in d.scan.hits.items() if fp.entry == "boom")
+    assert fph.count == 7
+    assert [h.line for h in fph.hits] == [501, 502, 503, 504, 505, 506, 507]
+    assert fph.hits[0].groups["step"] == "1000"
+    assert d.root.entry.id == "boom" and d.root.ranks == list(range(7))

@@ -10,6 +10,7 @@ redacting and reading the context of a line happen once per file, for the lines 
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import re
 from collections import deque
@@ -358,18 +359,26 @@ class Scanner:
 
     def _confirm_pending(self, pid: int, lines: list[tuple[int, int, int]], data, st: _File,
                          last: dict[int, list]) -> list[tuple[int, int, int, str]]:
-        """Confirm a chunk's lines of one fingerprint with one RE2 pass over them joined; the first
-        confirmed ones are kept, the lines after the last one needed are repeats."""
-        spans = [(max(start, end - WINDOW_BEFORE), min(stop, end + WINDOW_AFTER)) for start, end, stop in lines]
-        joined = b"\n".join(bytes(data[lo:hi]) for lo, hi in spans)
-        offsets = list(itertools.accumulate((hi - lo + 1 for lo, hi in spans), initial=0))
+        """Confirm a chunk's lines of one fingerprint with RE2 passes over them joined, a few lines
+        first, then batches growing eightfold (a pattern a chunk repeats thousands of times is
+        confirmed from its first lines); the first confirmed ones are kept, the lines after the
+        last one needed are repeats."""
         confirmed: list[int] = []
-        for m in self._confirm_lines[pid].finditer(joined):
-            i = bisect.bisect_right(offsets, m.start()) - 1
-            if not confirmed or confirmed[-1] != i:
-                confirmed.append(i)
-                if len(confirmed) == st.need[pid]:
-                    break
+        lo = 0
+        size = 2 * st.need[pid]
+        while lo < len(lines) and len(confirmed) < st.need[pid]:
+            batch = lines[lo:lo + size]
+            spans = [(max(start, end - WINDOW_BEFORE), min(stop, end + WINDOW_AFTER)) for start, end, stop in batch]
+            joined = b"\n".join(bytes(data[a:b]) for a, b in spans)
+            offsets = list(itertools.accumulate((b - a + 1 for a, b in spans), initial=0))
+            for m in self._confirm_lines[pid].finditer(joined):
+                i = lo + bisect.bisect_right(offsets, m.start()) - 1
+                if not confirmed or confirmed[-1] != i:
+                    confirmed.append(i)
+                    if len(confirmed) == st.need[pid]:
+                        break
+            lo += size
+            size *= 8
         if not confirmed:
             return []
         st.need[pid] -= len(confirmed)
@@ -436,30 +445,32 @@ class Scanner:
 
     def finalize(self, result: ScanResult) -> None:
         """Decode, confirm, clip, redact and read the context of the lines a job keeps, once."""
+        # Many kept lines share the iteration and checkpoint line before them: each is read once.
+        preceding = (functools.cache(_iteration), functools.cache(_checkpoint))
         for fp in list(result.hits):
             fph = result.hits[fp]
-            hits = [h for x in fph.hits if (h := self._hit(x) if isinstance(x, _Raw) else x) is not None]
+            hits = [h for x in fph.hits if (h := self._hit(x, *preceding) if isinstance(x, _Raw) else x) is not None]
             if not hits:
                 del result.hits[fp]
                 continue
             fph.first, fph.last = hits[:KEEP_HITS], deque(hits[KEEP_HITS:], maxlen=KEEP_HITS)
             for h in hits:
                 fph.spread(h.rank, h.host)
-        result.first_errors = [m for x in result.first_errors if (m := self._marked(markers.ERROR, x))]
-        result.last_exceptions = deque((m for x in result.last_exceptions if (m := self._marked(markers.EXCEPTION, x))),
+        result.first_errors = [m for x in result.first_errors if (m := self._marked(markers.ERROR, x, *preceding))]
+        result.last_exceptions = deque((m for x in result.last_exceptions
+                                        if (m := self._marked(markers.EXCEPTION, x, *preceding))),
                                        maxlen=KEEP_EXCEPTIONS)
 
-    def _marked(self, kind: str, raw: _Raw | Marked) -> Marked | None:
+    def _marked(self, kind: str, raw: _Raw | Marked, iteration, checkpoint) -> Marked | None:
         if isinstance(raw, Marked):
             return raw
         text = raw.window.decode("utf-8", "replace")
         if self._confirm[self.kinds.index(kind)].search(text) is None:
             return None
         return Marked(raw.file, raw.line, _clip(("…" if raw.clipped else "") + text, 0, 0),
-                      markers.iteration(raw.iteration.decode("utf-8", "replace")) if raw.iteration else None,
-                      _checkpoint(raw.checkpoint))
+                      iteration(raw.iteration), checkpoint(raw.checkpoint))
 
-    def _hit(self, raw: _Raw) -> Hit | None:
+    def _hit(self, raw: _Raw, iteration, checkpoint) -> Hit | None:
         text = raw.window.decode("utf-8", "replace")
         match = self._confirm[raw.pid].search(text)
         if match is None:
@@ -472,8 +483,7 @@ class Scanner:
             fingerprint=self.fingerprints[raw.pid], file=raw.file, line=raw.line, text=evidence,
             rank=ctx.rank, host=ctx.host, time=ctx.time, time_key=ctx.time_key,
             groups={k: redact(v) for k, v in match.groupdict().items() if v is not None},
-            iteration=markers.iteration(raw.iteration.decode("utf-8", "replace")) if raw.iteration else None,
-            checkpoint=_checkpoint(raw.checkpoint),
+            iteration=iteration(raw.iteration), checkpoint=checkpoint(raw.checkpoint),
         )
 
     def _trends(self, st: _File, series: trends.Series, tail: bytes, file_no: int, result: ScanResult) -> None:
@@ -490,6 +500,10 @@ class Scanner:
                           time=ctx.time, time_key=ctx.time_key, groups={"trend": trend.meaning},
                           iteration=trend.iteration, checkpoint=checkpoint)
                 result.hits.setdefault(fp, FingerprintHits()).add(hit)
+
+
+def _iteration(line: bytes | None) -> str | None:
+    return markers.iteration(line.decode("utf-8", "replace")) if line else None
 
 
 def _checkpoint(line: bytes | None) -> str | None:
