@@ -185,3 +185,20 @@ def test_a_windows_crash_exit_code_is_a_segfault(diagnoser):
     assert d.root is not None and d.root.entry.id == "segfault"
     plain = report.replace("3221225477", "1")
     assert diagnoser.diagnose_text(PROGRESS + plain + "\n").root.entry.id == "launcher-subprocess-failed"
+
+
+def test_the_end_of_a_rich_traceback_whose_header_was_cut_off_is_a_traceback(diagnoser):
+    rich = """\
+│ /opt/conda/lib/python3.10/site-packages/peft/tuners/lora.py:512 in forward                       │
+│                                                                                                  │
+│   511 │   │   │   result = self.base_layer(x)                                                    │
+│ ❱ 512 │   │   │   result += self.lora_B(self.lora_A(x)) * self.scaling                           │
+│   513 │   │   return result                                                                      │
+╰──────────────────────────────────────────────────────────────────────────────────────────────────╯
+RuntimeError: expected scalar type Half but found Float
+"""
+    d = diagnoser.diagnose_text(PROGRESS + rich)
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    assert d.root.first.text.startswith("RuntimeError: expected scalar type Half")
+    # without the frame arrow the same lines are no traceback: an error line alone is not a crash
+    assert diagnoser.diagnose_text(PROGRESS + rich.replace("❱", " ")).root is None

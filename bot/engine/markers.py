@@ -40,7 +40,8 @@ LINE_MARKERS: tuple[Marker, ...] = (
     # "Saving model checkpoint to", "saving checkpoint at iteration", "saving model to '...ckpt'";
     # not "Configuration saved in .../checkpoint-1200/config.json".
     Marker(CHECKPOINT, Pattern(r"\b(sav(ed|ing)|wrote|writing)( the| a)?( model| final)? (checkpoint|ckpt)\b|\bsaving model to\b", True), _PATH),
-    Marker(TRACEBACK, Pattern(r"Traceback \(most recent call last\)")),
+    # and a frame of rich's boxed traceback ("│ ❱ 456 │ ..."), whose header a paste often cuts off
+    Marker(TRACEBACK, Pattern(r"Traceback \(most recent call last\)|│ ❱ +\d+ │")),
     # and the header Python prints over an exception it ignored (in __del__, at interpreter exit)
     Marker(EXCEPTION, Pattern(r"\b[A-Z]\w*(Error|Exception)(:|$)|\bException ignored in\b")),
     Marker(ERROR, Pattern(r"\b(error|fatal)\b", True)),
