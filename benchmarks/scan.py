@@ -170,6 +170,12 @@ def _row(name: str, mb: float, best: float, median: float, cpu: float, rss: int)
     print(f"  {name:44} {best:8.2f} {median:8.2f} {cpu:8.2f} {mb / best:8.0f} {rss:10d}", flush=True)
 
 
+def _processes(paths: list[Path]) -> str:
+    """How many processes trainmedic would scan these files with now (a big file is cut into pieces)."""
+    workers = parallel.workers_for([(str(p), p.name) for p in paths])
+    return f" (trainmedic would use {workers} process{'es' if workers > 1 else ''} now)"
+
+
 def _header(title: str) -> None:
     print(f"\n{title}\n  {'tool':44} {'best s':>8} {'median s':>8} {'CPU s':>8} {'MB/s':>8} {'RSS MiB':>10}", flush=True)
 
@@ -261,7 +267,7 @@ def main() -> None:
         if kind in wanted:
             path = log(kind, size)
             mb = path.stat().st_size / 1e6
-            _header(f"{kind}: {path.name}, {mb:.0f} MB")
+            _header(f"{kind}: {path.name}, {mb:.0f} MB{_processes([path])}")
             _tools([path], mb, args.runs, args.grep_runs, files)
     if "ranks" in wanted:
         folder = args.data / f"ranks-{args.rank_files}x{args.rank_mb:g}mb"
@@ -271,9 +277,7 @@ def main() -> None:
             if not path.exists():
                 generate(path, args.rank_mb, "dense", seed=r, failure=FAILURE if r == 3 else "")
         mb = sum(p.stat().st_size for p in paths) / 1e6
-        workers = parallel.workers_for([(str(p), p.name) for p in paths])
-        _header(f"ranks: {len(paths)} files of {args.rank_mb:g} MB as one job, {mb:.0f} MB "
-                f"(trainmedic would use {workers} process{'es' if workers > 1 else ''} now)")
+        _header(f"ranks: {len(paths)} files of {args.rank_mb:g} MB as one job, {mb:.0f} MB{_processes(paths)}")
         _tools(paths, mb, args.runs, args.grep_runs, files)
     if "paste" in wanted:
         _paste(kb, log("dense", args.size_mb), tmp, args.runs)

@@ -147,6 +147,19 @@ class ScanResult:
         self.warnings += [w for w in later.warnings if w not in self.warnings]
 
 
+@dataclass
+class Piece:
+    """A byte range of one file scanned on its own (bot/sources/parallel.py), kept as bytes and its
+    lines numbered from the range's first line until `Scanner.join` puts the pieces together."""
+
+    result: ScanResult
+    recording: trends.Recording | None  # its progress values, replayed in file order
+    iteration: bytes | None  # its last iteration line, and that line's number in it
+    iteration_line: int
+    checkpoint: bytes | None  # its last checkpoint line
+    tail: bytes
+
+
 @dataclass(frozen=True)
 class _Raw:
     """A kept line as bytes, until the job is done (`Scanner.finalize`): what matched it, where it
@@ -192,6 +205,7 @@ class _File:
         self.checkpoint: bytes | None = None
         self.lines = 0  # lines before the chunk being scanned
         self.pos = 0  # bytes before the chunk being scanned
+        self.base = 0  # where the stream starts in its file (a piece of it)
 
 
 class _Lines:
@@ -259,8 +273,66 @@ class Scanner:
         """Scan one stream into `result` (files scanned one after another form one job)."""
         file_no = len(result.files)
         result.files.append(name)
+        st, series, tail = self._read(stream, file_no, 0, None)
+        self._finish(st, result)
+        if series is not None:
+            self._trends(series.summary, st.iteration, st.iteration_line, st.checkpoint, tail, file_no, result)
+        return result
+
+    def scan_piece(self, stream: BinaryIO, offset: int) -> Piece:
+        """Scan the part of a file that starts at `offset` (on a line start) for `join`."""
+        result = ScanResult(files=["<piece>"])
+        st, series, tail = self._read(stream, 0, offset, trends.Recording())
+        self._finish(st, result)
+        recording = series.summary if series is not None else None
+        return Piece(result, recording, st.iteration, st.iteration_line, st.checkpoint, tail)
+
+    def join(self, name: str, pieces: list[Piece], result: ScanResult) -> ScanResult:
+        """Add the pieces of one file, in file order, to `result` as that file: line numbers moved
+        by the lines before each piece, a kept line with no iteration or checkpoint line before it
+        in its piece given the last one of the pieces before, the trend series replayed."""
+        file_no = len(result.files)
+        result.files.append(name)
+        summary = trends.Summary()
+        lines = size = iteration_line = 0
+        iteration = checkpoint = None
+        tail = b""
+        for piece in pieces:
+            part = piece.result
+
+            def moved(raw: _Raw, progress: bool = True) -> _Raw:
+                return replace(raw, file=file_no, line=raw.line + lines, checkpoint=raw.checkpoint or checkpoint,
+                               iteration=raw.iteration or iteration if progress else raw.iteration)
+
+            for fp, fph in part.hits.items():
+                later = FingerprintHits(fph.count, [moved(r) for r in fph.first],
+                                        deque(map(moved, fph.last), maxlen=KEEP_HITS), fph.ranks, fph.hosts)
+                result.hits.setdefault(fp, FingerprintHits()).merge(later)
+            result.tracebacks += part.tracebacks
+            room = max(0, KEEP_ERRORS - len(result.first_errors))
+            result.first_errors += [moved(r, progress=False) for r in part.first_errors[:room]]
+            result.last_exceptions.extend(map(moved, part.last_exceptions))
+            if piece.recording is not None:
+                piece.recording.replay(summary, lines)
+            if piece.iteration is not None:
+                iteration, iteration_line = piece.iteration, piece.iteration_line + lines
+            checkpoint = piece.checkpoint or checkpoint
+            tail = (tail + piece.tail)[-TAIL_BYTES:]
+            lines += part.lines
+            size += part.bytes
+        result.lines += lines
+        result.bytes += size
+        result.file_lines.append(lines)
+        if any(self.detectors.values()):
+            self._trends(summary, iteration, iteration_line, checkpoint, tail, file_no, result)
+        return result
+
+    def _read(self, stream: BinaryIO, file_no: int, offset: int,
+              recording: trends.Recording | None) -> tuple[_File, trends.Series | None, bytes]:
+        """Go through a stream chunk by chunk: what is kept of it, its series and its last bytes."""
         st = _File(len(self.fingerprints), file_no)
-        series = trends.Series(self.series_engine) if any(self.detectors.values()) else None
+        st.base = offset
+        series = trends.Series(self.series_engine, recording) if any(self.detectors.values()) else None
         buf = self._buffer  # one per scanner: a job of 1,000 files allocates it once
         view = memoryview(buf)
         carry = 0
@@ -282,11 +354,7 @@ class Scanner:
             tail = self._chunk(buf, carry, st, series, tail)
             st.lines += 1  # the last line had no newline
         view.release()
-        result.bytes += st.pos
-        result.lines += st.lines
-        result.file_lines.append(st.lines)
-        self._finish(st, series, tail, file_no, result)
-        return result
+        return st, series, tail
 
     def _chunk(self, buf: bytearray, cut: int, st: _File, series: trends.Series | None, tail: bytes) -> bytes:
         # A carriage return starts a new visual line (progress bars): scan a copy where it is a newline.
@@ -300,7 +368,7 @@ class Scanner:
         if progress.start is not None:
             st.iteration_line = lines.at(progress.start)
         if series is not None:
-            series.read(data, st.pos, cut, lines.at)
+            series.read(data, st.base + st.pos, cut, lines.at)
         st.lines = lines.at(cut) - 1
         st.pos += cut
         return (tail + bytes(data[max(0, cut - TAIL_BYTES):cut]))[-TAIL_BYTES:]
@@ -429,8 +497,11 @@ class Scanner:
             else:
                 st.errors.append(raw)
 
-    def _finish(self, st: _File, series: trends.Series | None, tail: bytes, file_no: int, result: ScanResult) -> None:
-        """Add the kept lines of a file to the result (still as bytes); judge its trends."""
+    def _finish(self, st: _File, result: ScanResult) -> None:
+        """Add the counts and kept lines of a file to the result (still as bytes)."""
+        result.bytes += st.pos
+        result.lines += st.lines
+        result.file_lines.append(st.lines)
         for pid, fp in enumerate(self.fingerprints):
             raws = st.first[pid] + list(st.last.get(pid, ()))
             if raws:
@@ -438,10 +509,8 @@ class Scanner:
                                         st.ranks.get(pid, set()), st.hosts.get(pid, set()))
                 result.hits.setdefault(fp, FingerprintHits()).merge(later)
         result.tracebacks += st.tracebacks
-        result.first_errors += st.errors[: KEEP_ERRORS - len(result.first_errors)]
+        result.first_errors += st.errors[: max(0, KEEP_ERRORS - len(result.first_errors))]
         result.last_exceptions.extend(st.exceptions)
-        if series is not None:
-            self._trends(st, series, tail, file_no, result)
 
     def finalize(self, result: ScanResult) -> None:
         """Decode, confirm, clip, redact and read the context of the lines a job keeps, once."""
@@ -486,13 +555,14 @@ class Scanner:
             iteration=iteration(raw.iteration), checkpoint=checkpoint(raw.checkpoint),
         )
 
-    def _trends(self, st: _File, series: trends.Series, tail: bytes, file_no: int, result: ScanResult) -> None:
+    def _trends(self, summary: trends.Summary, last_iteration: bytes | None, iteration_line: int,
+                last_checkpoint: bytes | None, tail: bytes, file_no: int, result: ScanResult) -> None:
         """Divergence, NaN, fp16 scale and skipped steps, stalls, judged over the whole file."""
-        text = st.iteration.decode("utf-8", "replace") if st.iteration else None
-        last_progress = trends.Quote(st.iteration_line, text) if text else None
+        text = last_iteration.decode("utf-8", "replace") if last_iteration else None
+        last_progress = trends.Quote(iteration_line, text) if text else None
         iteration = markers.iteration(text) if text else None
-        checkpoint = _checkpoint(st.checkpoint)
-        for trend in series.judge(last_progress, trends.last_timestamp(tail), iteration):
+        checkpoint = _checkpoint(last_checkpoint)
+        for trend in summary.judge(last_progress, trends.last_timestamp(tail), iteration):
             ctx = line_context(trend.text)
             for fp in self.detectors[trend.kind]:
                 hit = Hit(fingerprint=fp, file=file_no, line=trend.line,

@@ -32,6 +32,7 @@ import re
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from bot.engine.context import line_time
 from bot.match import engines
@@ -146,12 +147,11 @@ class _Steps:
             self.gaps.append(key[1] - previous[1])
 
 
-class Series:
-    """The progress values of one file, read from windows of each chunk, summarised as they come."""
+class Summary:
+    """What is kept of a file's progress values, whatever its size: running levels, counters and
+    the few lines a judgement quotes. Fed value by value (`take`), in file order."""
 
-    def __init__(self, engine: engines.Engine) -> None:
-        self._engine = engine
-        self._next = 0  # file offset where the next window starts
+    def __init__(self) -> None:
         self.loss = _Divergence()
         self.finite = {LOSS: deque(maxlen=NONFINITE_RUN), GRAD_NORM: deque(maxlen=NONFINITE_RUN)}
         self.first_nonfinite: dict[str, Quote] = {}
@@ -163,83 +163,27 @@ class Series:
         self.ds_last: tuple[float, float] | None = None
         self.skip_quote: Quote | None = None
         self.steps = _Steps()
-        self._gap = 0  # where the part of the chunk not read before the current window starts
-        self.refined = 0
         self.intervals: deque = deque(maxlen=HISTORY)  # Megatron's iterations between two log lines
         self._iteration: float | None = None  # Megatron's last iteration number read
         self._window_iteration: float | None = None  # ... in the window being read
 
-    def windows(self, file_pos: int, cut: int) -> list[tuple[int, int]]:
-        """Offsets in a chunk of `cut` bytes starting at `file_pos` to read values from."""
-        out = []
-        while self._next < file_pos + cut:
-            start = max(self._next, file_pos)
-            size = FULL_BYTES - start if start < FULL_BYTES else WINDOW_BYTES
-            end = min(start + size, file_pos + cut)
-            out.append((start - file_pos, end - file_pos))
-            self._next = end + (0 if end < FULL_BYTES else max(0, end // WINDOWS_PER_E - WINDOW_BYTES))
-        tail = max(0, cut - CHUNK_TAIL_BYTES)
-        if not out or out[-1][1] <= tail:
-            out.append((tail, cut))
-        return out
-
-    def read(self, data, file_pos: int, cut: int, line_of) -> None:
-        """Read the values in the windows of data[:cut], a chunk starting at `file_pos` in the file;
-        `line_of(offset)` is the line number of an offset in it."""
-        self._gap = 0
-        for start, end in self.windows(file_pos, cut):
-            lines = None if file_pos + start < FULL_BYTES else WINDOW_LINES
-            if start:
-                start = data.find(b"\n", start - 1, end) + 1 or end  # whole lines only
-            stop = data.rfind(b"\n", start, end) + 1 if end < cut else cut
-            if stop > start:
-                self._gap = self._window(data, start, stop, line_of, lines)
-
-    def _window(self, data, start: int, stop: int, line_of, lines: int | None) -> int:
-        """Read the values of data[start:stop], of its first `lines` progress lines if given;
-        return where the lines read end."""
-        previous_time = None
-        line_start = -1
-        timed = 0
-        names: set[str] = set()
+    def window(self) -> None:
+        """A new window starts (Megatron's interval is read between two lines of one window)."""
         self._window_iteration = None
-        for end, key in self._engine.scan(data, start, stop):
-            ls = data.rfind(b"\n", 0, end) + 1
-            name = _KEY_NAMES[key]
-            if ls == line_start and name in names:
-                continue  # one value of a kind per line ("lm loss: " is also "loss: ")
-            if ls != line_start:  # the first value of a progress line: its time, once
-                names = set()
-                if lines is not None:
-                    if not lines:
-                        return ls
-                    lines -= 1
-                line_start = ls
-                timed += 1
-                timed_ok = lines is None or timed <= TIMED_LINES
-                time_key = line_time(bytes(data[ls: ls + 120]).decode("utf-8", "replace"))[1] if timed_ok else None
-                if time_key is not None:
-                    self.steps.add(time_key, previous_time)
-                    previous_time = time_key
-            m = _NUMBER.match(data, end, min(end + 40, stop))
-            if m is not None:
-                names.add(name)
-                self._value(name, float(m.group(1)), data, end, ls, line_of)
-        return stop
 
-    def _value(self, name: str, value: float, data, end: int, line: int, line_of) -> None:
-        def quote() -> Quote:
-            return _quote(data, line, line_of)
+    def step(self, key: tuple[str, float], previous: tuple[str, float] | None) -> None:
+        """A progress line's time, and that of the line read before it in the same window."""
+        self.steps.add(key, previous)
 
-        if name == LOSS and _NOT_TRAINING.search(bytes(data[max(0, end - 24): end])):
-            return  # "val loss: 2.4", "Validation loss: 2.3"
+    def take(self, name: str, value: float, quote: Callable[[], Quote], ds_step: float | None) -> bool:
+        """Take the next value read; True when it is a loss that starts a turn."""
         if name in self.finite:
             finite = math.isfinite(value)
             self.finite[name].append(finite)
             if not finite:
                 self.first_nonfinite.setdefault(name, quote())
-            elif name == LOSS and self.loss.add(value, quote) and self._gap < line and self.refined < MAX_REFINES:
-                self._refine(data, line, line_of)
+            elif name == LOSS:
+                return self.loss.add(value, quote)
         elif name == ITERATION:
             if self._window_iteration is not None and value > self._window_iteration:
                 self.intervals.append(value - self._window_iteration)
@@ -255,36 +199,20 @@ class Series:
             self.skipped[1] += 1
             if value and self.skip_quote is None:
                 self.skip_quote = quote()
-        elif name == DS_SKIPPED:
-            m = _DS_STEP.search(data, max(0, end - 40), end)
-            step = float(m.group(1)) if m else None
-            if step is not None and step > CALIBRATION_ITERATIONS:
-                if self.ds_first is None:
-                    # The count is cumulative: at most one skip an iteration went to calibrating the
-                    # scale in the first iterations, so a first reading of 1995 skipped at step 2000
-                    # already says most steps after calibration were skipped.
-                    self.ds_first = (CALIBRATION_ITERATIONS, min(value, CALIBRATION_ITERATIONS))
-                self.ds_last = (step, value)
-                if value > self.ds_first[1] and self.skip_quote is None:
-                    self.skip_quote = quote()
+        elif name == DS_SKIPPED and ds_step is not None and ds_step > CALIBRATION_ITERATIONS:
+            if self.ds_first is None:
+                # The count is cumulative: at most one skip an iteration went to calibrating the
+                # scale in the first iterations, so a first reading of 1995 skipped at step 2000
+                # already says most steps after calibration were skipped.
+                self.ds_first = (CALIBRATION_ITERATIONS, min(value, CALIBRATION_ITERATIONS))
+            self.ds_last = (ds_step, value)
+            if value > self.ds_first[1] and self.skip_quote is None:
+                self.skip_quote = quote()
+        return False
 
-    def _refine(self, data, start: int, line_of) -> None:
-        """A turn seen in a window: the first loss past the threshold may be in the lines not read
-        before it (in this chunk); read them for it."""
-        self.refined += 1
-        quote, base, value = self.loss.turn
-        line = -1
-        for end, key in self._engine.scan(data, self._gap, start):
-            ls = data.rfind(b"\n", 0, end) + 1
-            if _KEY_NAMES[key] != LOSS or ls == line or _NOT_TRAINING.search(bytes(data[max(0, end - 24): end])):
-                continue
-            m = _NUMBER.match(data, end, min(end + 40, start))
-            if m is None:
-                continue
-            line = ls
-            if float(m.group(1)) >= SPIKE_FACTOR * base:
-                self.loss.turn = (_quote(data, ls, line_of), base, float(m.group(1)))
-                return
+    def refined(self, quote: Quote, value: float) -> None:
+        """The first loss past the threshold, found in the lines before the window that saw the turn."""
+        self.loss.turn = (quote, self.loss.turn[1], value)
 
     def skipped_share(self) -> tuple[float, float]:
         """(skipped, iterations) judged after calibration, from whichever format the log uses."""
@@ -334,6 +262,139 @@ class Series:
         return Trend(PROGRESS_STALL, last.line, last.text,
                      f"no new progress line for {silent / 60:.0f} min after this one, while steps took {step:.3g} s "
                      f"(threshold {STALL_FACTOR:g}x the step time and {MIN_STALL_SECONDS / 60:g} min)", iteration)
+
+
+class Recording:
+    """A Summary's input, kept in order to be replayed later: what a piece of a file scanned in
+    another process (bot/sources/parallel.py) hands back, since a summary depends on every value
+    before it. Bounded like the windows themselves (a few thousand values for a GB). It never
+    starts a turn, so the piece's lines between windows are not searched for where a turn began:
+    after a replay, a divergence is quoted at the first value read past the threshold."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def window(self) -> None:
+        self.events.append(("window",))
+
+    def step(self, key: tuple[str, float], previous: tuple[str, float] | None) -> None:
+        self.events.append(("step", key, previous))
+
+    def take(self, name: str, value: float, quote: Callable[[], Quote], ds_step: float | None) -> bool:
+        self.events.append(("take", name, value, quote(), ds_step))
+        return False
+
+    def replay(self, summary: Summary, line_shift: int) -> None:
+        """Feed the values to `summary`, with line numbers moved by `line_shift` (the lines of the
+        file before this piece)."""
+        for event in self.events:
+            if event[0] == "take":
+                _, name, value, quote, ds_step = event
+                moved = Quote(quote.line + line_shift, quote.text)
+                summary.take(name, value, lambda: moved, ds_step)
+            elif event[0] == "step":
+                summary.step(*event[1:])
+            else:
+                summary.window()
+
+
+class Series:
+    """Reads the progress values of one file (or a piece of one) from windows of each chunk into
+    a Summary (or a Recording of a piece)."""
+
+    def __init__(self, engine: engines.Engine, summary: Summary | Recording | None = None) -> None:
+        self._engine = engine
+        self.summary = Summary() if summary is None else summary
+        self._next = 0  # file offset where the next window starts
+        self._gap = 0  # where the part of the chunk not read before the current window starts
+        self.refined = 0
+
+    def windows(self, file_pos: int, cut: int) -> list[tuple[int, int]]:
+        """Offsets in a chunk of `cut` bytes starting at `file_pos` to read values from."""
+        out = []
+        while self._next < file_pos + cut:
+            start = max(self._next, file_pos)
+            size = FULL_BYTES - start if start < FULL_BYTES else WINDOW_BYTES
+            end = min(start + size, file_pos + cut)
+            out.append((start - file_pos, end - file_pos))
+            self._next = end + (0 if end < FULL_BYTES else max(0, end // WINDOWS_PER_E - WINDOW_BYTES))
+        tail = max(0, cut - CHUNK_TAIL_BYTES)
+        if not out or out[-1][1] <= tail:
+            out.append((tail, cut))
+        return out
+
+    def read(self, data, file_pos: int, cut: int, line_of) -> None:
+        """Read the values in the windows of data[:cut], a chunk starting at `file_pos` in the file;
+        `line_of(offset)` is the line number of an offset in it."""
+        self._gap = 0
+        for start, end in self.windows(file_pos, cut):
+            lines = None if file_pos + start < FULL_BYTES else WINDOW_LINES
+            if start:
+                start = data.find(b"\n", start - 1, end) + 1 or end  # whole lines only
+            stop = data.rfind(b"\n", start, end) + 1 if end < cut else cut
+            if stop > start:
+                self._gap = self._window(data, start, stop, line_of, lines)
+
+    def _window(self, data, start: int, stop: int, line_of, lines: int | None) -> int:
+        """Read the values of data[start:stop], of its first `lines` progress lines if given;
+        return where the lines read end."""
+        previous_time = None
+        line_start = -1
+        timed = 0
+        names: set[str] = set()
+        self.summary.window()
+        for end, key in self._engine.scan(data, start, stop):
+            ls = data.rfind(b"\n", 0, end) + 1
+            name = _KEY_NAMES[key]
+            if ls == line_start and name in names:
+                continue  # one value of a kind per line ("lm loss: " is also "loss: ")
+            if ls != line_start:  # the first value of a progress line: its time, once
+                names = set()
+                if lines is not None:
+                    if not lines:
+                        return ls
+                    lines -= 1
+                line_start = ls
+                timed += 1
+                timed_ok = lines is None or timed <= TIMED_LINES
+                time_key = line_time(bytes(data[ls: ls + 120]).decode("utf-8", "replace"))[1] if timed_ok else None
+                if time_key is not None:
+                    self.summary.step(time_key, previous_time)
+                    previous_time = time_key
+            m = _NUMBER.match(data, end, min(end + 40, stop))
+            if m is not None:
+                names.add(name)
+                self._value(name, float(m.group(1)), data, end, ls, line_of)
+        return stop
+
+    def _value(self, name: str, value: float, data, end: int, line: int, line_of) -> None:
+        if name == LOSS and _NOT_TRAINING.search(bytes(data[max(0, end - 24): end])):
+            return  # "val loss: 2.4", "Validation loss: 2.3"
+        ds_step = None
+        if name == DS_SKIPPED:
+            m = _DS_STEP.search(data, max(0, end - 40), end)
+            ds_step = float(m.group(1)) if m else None
+        turned = self.summary.take(name, value, lambda: _quote(data, line, line_of), ds_step)
+        if turned and self._gap < line and self.refined < MAX_REFINES:
+            self._refine(data, line, line_of)
+
+    def _refine(self, data, start: int, line_of) -> None:
+        """A turn seen in a window: the first loss past the threshold may be in the lines not read
+        before it (in this chunk); read them for it."""
+        self.refined += 1
+        base = self.summary.loss.turn[1]
+        line = -1
+        for end, key in self._engine.scan(data, self._gap, start):
+            ls = data.rfind(b"\n", 0, end) + 1
+            if _KEY_NAMES[key] != LOSS or ls == line or _NOT_TRAINING.search(bytes(data[max(0, end - 24): end])):
+                continue
+            m = _NUMBER.match(data, end, min(end + 40, start))
+            if m is None:
+                continue
+            line = ls
+            if float(m.group(1)) >= SPIKE_FACTOR * base:
+                self.summary.refined(_quote(data, ls, line_of), float(m.group(1)))
+                return
 
 
 def last_timestamp(tail: bytes) -> tuple[str, float] | None:
