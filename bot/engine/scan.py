@@ -302,7 +302,7 @@ class Scanner:
 
             def moved(raw: _Raw, progress: bool = True) -> _Raw:
                 return replace(raw, file=file_no, line=raw.line + lines, checkpoint=raw.checkpoint or checkpoint,
-                               iteration=raw.iteration or iteration if progress else raw.iteration)
+                               iteration=(raw.iteration or iteration) if progress else raw.iteration)
 
             for fp, fph in part.hits.items():
                 later = FingerprintHits(fph.count, [moved(r) for r in fph.first],
