@@ -202,3 +202,12 @@ RuntimeError: expected scalar type Half but found Float
     assert d.root.first.text.startswith("RuntimeError: expected scalar type Half")
     # without the frame arrow the same lines are no traceback: an error line alone is not a crash
     assert diagnoser.diagnose_text(PROGRESS + rich.replace("❱", " ")).root is None
+
+
+def test_a_bare_exception_under_childfailederror_is_the_answer(diagnoser):
+    """`raise Exception("...")` prints a bare `Exception:` line: still the child's own error."""
+    bare = CHILD.replace("RuntimeError: Found dtype Half but expected Float", "Exception: expected value at line 1 column 1")
+    d = diagnoser.diagnose_text(PROGRESS + bare + TABLE.format(code=1))
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    assert d.root.first.text == "Exception: expected value at line 1 column 1"
+    assert d.root.groups["exception"] == "Exception"

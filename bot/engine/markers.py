@@ -43,7 +43,7 @@ LINE_MARKERS: tuple[Marker, ...] = (
     # and a frame of rich's boxed traceback ("│ ❱ 456 │ ..."), whose header a paste often cuts off
     Marker(TRACEBACK, Pattern(r"Traceback \(most recent call last\)|│ ❱ +\d+ │")),
     # and the header Python prints over an exception it ignored (in __del__, at interpreter exit)
-    Marker(EXCEPTION, Pattern(r"\b[A-Z]\w*(Error|Exception)(:|$)|\bException ignored in\b")),
+    Marker(EXCEPTION, Pattern(r"\b([A-Z]\w*(Error|Exception)|Exception)(:|$)|\bException ignored in\b")),
     Marker(ERROR, Pattern(r"\b(error|fatal)\b", True)),
 )
 
