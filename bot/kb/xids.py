@@ -5,6 +5,7 @@ loads and checks the table and answers which Xid of several decides, and what it
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from functools import cache
@@ -13,6 +14,7 @@ from pathlib import Path
 import yaml
 
 import knowledge as shipped
+from bot.config import cache_dir
 
 NO_XID = "NO_XID"  # the class of a finding whose log names no Xid number
 UNLISTED = "UNLISTED"  # the class of an Xid the catalog gives no action for
@@ -72,13 +74,25 @@ def _row_name(data: dict, path) -> str:
     return ".".join(str(p) for p in parts) or "(top level)"
 
 
-def _schema_check(path: Path, data: dict) -> None:
+def _schema_check(path: Path, text: str, data: dict) -> None:
+    """Validate against the schema, unless this very text passed before: the check (and importing
+    jsonschema) is a quarter of the command line's start-up. A marker file under the cache folder,
+    named by a hash of the schema and the text, records a pass; any problem with it means checking."""
+    digest = hashlib.sha256(shipped.XIDS_SCHEMA.read_bytes() + text.encode()).hexdigest()[:24]
+    passed = cache_dir() / f"xids-valid-{digest}"
+    if passed.exists():
+        return
     errors = sorted(_validator().iter_errors(data), key=lambda e: list(e.absolute_path))
     if errors:
         err = errors[0]
         hint = " (a row has either `meaning` or `unused: true`)" if err.validator == "oneOf" else ""
         raise XidTableError(f"{path}: {_row_name(data, err.absolute_path)}: {err.message}{hint}; "
                             "knowledge/xids.schema.json lists the fields")
+    try:
+        passed.parent.mkdir(parents=True, exist_ok=True)
+        passed.touch()
+    except OSError:
+        pass  # a read-only home only costs the next load its check
 
 
 def _rows(path: Path, data: dict) -> dict[int, dict]:
@@ -107,12 +121,13 @@ def load(path: Path | None = None) -> XidTable:
     """Read and check the table; raise XidTableError naming the row and what to fix."""
     path = path or shipped.XIDS
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        text = path.read_text(encoding="utf-8")
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise XidTableError(f"{path}: cannot read it as YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):
         raise XidTableError(f"{path}: the file must hold one mapping (source, actions, xids)")
-    _schema_check(path, data)
+    _schema_check(path, text, data)
     actions = {a["name"]: a["means"] for a in data["actions"]}
     for needed in (NO_XID, UNLISTED):
         if needed not in actions:
