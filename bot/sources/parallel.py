@@ -137,8 +137,8 @@ def scan(diagnoser: Diagnoser, files: list[tuple[str, str]], max_bytes: int | No
 
 def _scan_in_pieces(diagnoser: Diagnoser, pool: ProcessPoolExecutor, files: list[tuple[str, str]],
                     workers: int) -> ScanResult:
-    """Fewer files than workers: each plain file is cut into `workers` ranges (a capped scan, for
-    which only the first bytes count, keeps whole files)."""
+    """Fewer files than workers (and no cap, for which only a file's first bytes count): each plain
+    file is cut into `workers` ranges, a gzip one is scanned whole by one worker."""
     from bot.sources.files import open_path  # files.py calls this module
 
     for path, name in files:
