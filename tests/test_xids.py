@@ -168,20 +168,21 @@ def test_text_and_markdown_show_the_same_selected_steps(tmp_path):
 
 
 def test_a_table_that_passed_its_schema_check_is_not_checked_again(tmp_path, monkeypatch):
-    """The check is a quarter of start-up; a marker named by the text's hash records a pass."""
+    """The check is a quarter of start-up; the loader's cache of validated texts records a pass."""
+    from bot.kb.load import _ValidatedCache
+
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     good = tmp_path / "xids.yaml"
     good.write_text(knowledge.XIDS.read_text())
-    xid_table.load(good)
-    markers = list((tmp_path / "cache").rglob("xids-valid-*"))
-    assert len(markers) == 1
-    monkeypatch.setattr(xid_table, "_validator", lambda: pytest.fail("validated twice"))
-    assert xid_table.load(good).xids[79].mnemonic
+    cache = _ValidatedCache()
+    xid_table.load(good, cache)
+    cache.save()
+    with monkeypatch.context() as m:
+        m.setattr(xid_table, "_validator", lambda: pytest.fail("validated twice"))
+        assert xid_table.load(good, _ValidatedCache()).xids[79].mnemonic
     # a changed table is checked (and refused) whatever passed before
     data = yaml.safe_load(good.read_text())
     data["xids"][78].pop("mnemonic")
     good.write_text(yaml.safe_dump(data))
-    monkeypatch.undo()
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     with pytest.raises(xid_table.XidTableError, match="'mnemonic' is a required property"):
-        xid_table.load(good)
+        xid_table.load(good, _ValidatedCache())

@@ -228,7 +228,7 @@ def load(folders: list[Path] | None = None) -> KnowledgeBase:
             layer[entry.id] = entry
         entries.update(layer)
     try:
-        xids = xid_table.load()
+        xids = xid_table.load(validated=cache)
     except xid_table.XidTableError as exc:
         raise KnowledgeError(str(exc)) from None
     _check_links(entries)

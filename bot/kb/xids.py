@@ -5,7 +5,6 @@ loads and checks the table and answers which Xid of several decides, and what it
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from functools import cache
@@ -14,7 +13,6 @@ from pathlib import Path
 import yaml
 
 import knowledge as shipped
-from bot.config import cache_dir
 
 NO_XID = "NO_XID"  # the class of a finding whose log names no Xid number
 UNLISTED = "UNLISTED"  # the class of an Xid the catalog gives no action for
@@ -74,13 +72,12 @@ def _row_name(data: dict, path) -> str:
     return ".".join(str(p) for p in parts) or "(top level)"
 
 
-def _schema_check(path: Path, text: str, data: dict) -> None:
+def _schema_check(path: Path, text: str, data: dict, validated=None) -> None:
     """Validate against the schema, unless this very text passed before: the check (and importing
-    jsonschema) is a quarter of the command line's start-up. A marker file under the cache folder,
-    named by a hash of the schema and the text, records a pass; any problem with it means checking."""
-    digest = hashlib.sha256(shipped.XIDS_SCHEMA.read_bytes() + text.encode()).hexdigest()[:24]
-    passed = cache_dir() / f"xids-valid-{digest}"
-    if passed.exists():
+    jsonschema) is a quarter of the command line's start-up. `validated` is the loader's cache of
+    validated texts (bot/kb/load.py), keyed here by the schema and the table's text."""
+    key = validated.key(shipped.XIDS_SCHEMA.read_text(encoding="utf-8") + text) if validated is not None else None
+    if key is not None and validated.get(key) is not None:
         return
     errors = sorted(_validator().iter_errors(data), key=lambda e: list(e.absolute_path))
     if errors:
@@ -88,11 +85,8 @@ def _schema_check(path: Path, text: str, data: dict) -> None:
         hint = " (a row has either `meaning` or `unused: true`)" if err.validator == "oneOf" else ""
         raise XidTableError(f"{path}: {_row_name(data, err.absolute_path)}: {err.message}{hint}; "
                             "knowledge/xids.schema.json lists the fields")
-    try:
-        passed.parent.mkdir(parents=True, exist_ok=True)
-        passed.touch()
-    except OSError:
-        pass  # a read-only home only costs the next load its check
+    if key is not None:
+        validated.put(key, True)
 
 
 def _rows(path: Path, data: dict) -> dict[int, dict]:
@@ -117,8 +111,9 @@ def _action(row: dict, rows: dict[int, dict]) -> str:
     return UNLISTED
 
 
-def load(path: Path | None = None) -> XidTable:
-    """Read and check the table; raise XidTableError naming the row and what to fix."""
+def load(path: Path | None = None, validated=None) -> XidTable:
+    """Read and check the table; raise XidTableError naming the row and what to fix. With the
+    loader's cache of validated texts (`validated`), a table that passed before is not checked again."""
     path = path or shipped.XIDS
     try:
         text = path.read_text(encoding="utf-8")
@@ -127,7 +122,7 @@ def load(path: Path | None = None) -> XidTable:
         raise XidTableError(f"{path}: cannot read it as YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):
         raise XidTableError(f"{path}: the file must hold one mapping (source, actions, xids)")
-    _schema_check(path, text, data)
+    _schema_check(path, text, data, validated)
     actions = {a["name"]: a["means"] for a in data["actions"]}
     for needed in (NO_XID, UNLISTED):
         if needed not in actions:
