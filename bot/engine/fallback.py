@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 
+from bot.engine import markers
 from bot.engine.context import line_context
 from bot.engine.scan import FingerprintHits, Hit, Marked, ScanResult
 from bot.kb.load import KnowledgeBase
@@ -23,7 +24,7 @@ from bot.kb.load import KnowledgeBase
 LAST_EXCEPTION = "last-exception"
 END_LINES = 40  # an exception this close to the end of its file ended the run
 IGNORED_LINES = 40  # an exception this close after Python's "Exception ignored in" header is that ignored one
-_IGNORED = re.compile(r"\bException ignored in\b")
+_IGNORED = re.compile(markers.IGNORED_HEADER)
 _TYPE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|Exception))(?=:|\s*$)")  # or a bare raise Exception(...)
 
 

@@ -14,6 +14,7 @@ import re2
 from bot.match.engines import Pattern
 
 ITERATION, CHECKPOINT, EXCEPTION, TRACEBACK, ERROR = "iteration", "checkpoint", "exception", "traceback", "error"
+IGNORED_HEADER = r"\bException ignored in\b"  # Python's line over an exception it reports and goes on
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ LINE_MARKERS: tuple[Marker, ...] = (
     # and a frame of rich's boxed traceback ("│ ❱ 456 │ ..."), whose header a paste often cuts off
     Marker(TRACEBACK, Pattern(r"Traceback \(most recent call last\)|│ ❱ +\d+ │")),
     # and the header Python prints over an exception it ignored (in __del__, at interpreter exit)
-    Marker(EXCEPTION, Pattern(r"\b([A-Z]\w*(Error|Exception)|Exception)(:|$)|\bException ignored in\b")),
+    Marker(EXCEPTION, Pattern(r"\b([A-Z]\w*(Error|Exception)|Exception)(:|$)|" + IGNORED_HEADER)),
     Marker(ERROR, Pattern(r"\b(error|fatal)\b", True)),
 )
 
