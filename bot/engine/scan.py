@@ -17,6 +17,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import BinaryIO
 
+import stringzilla
+
 from bot.engine import markers, trends
 from bot.engine.context import line_context
 from bot.engine.redact import clip, redact
@@ -209,16 +211,17 @@ class _File:
 
 
 class _Lines:
-    """Line numbers of offsets in a chunk, counted from the last offset asked (mostly forwards)."""
+    """Line numbers of offsets in a chunk, counted from the last offset asked (mostly forwards).
+    Counted with StringZilla's SIMD count: bytes.count's byte loop took a fifth of a hit-dense scan."""
 
     def __init__(self, buf: bytearray, first: int) -> None:
         self.buf, self.pos, self.line = buf, 0, first
 
     def at(self, offset: int) -> int:
         if offset >= self.pos:
-            self.line += self.buf.count(b"\n", self.pos, offset)
+            self.line += stringzilla.count(self.buf, b"\n", self.pos, offset)
         else:
-            self.line -= self.buf.count(b"\n", offset, self.pos)
+            self.line -= stringzilla.count(self.buf, b"\n", offset, self.pos)
         self.pos = offset
         return self.line
 
