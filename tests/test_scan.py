@@ -108,6 +108,17 @@ def test_no_match_keeps_the_likely_error_lines(tiny_kb):
     assert [(m.line, m.text) for m in d.likely_errors()] == [(5, "ValueError: bad value"), (6, "error: the job failed")]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("chunk", [97, 700, 1 << 16])
+def test_the_first_error_lines_of_a_noisy_log_are_kept_whatever_the_chunking(tiny_kb, engine, chunk):
+    # the engine reports a chunk's first error line only; the scan looks for the next ones itself
+    lines = [f"step {i} ok" if i % 3 else f"[rank{i % 4}] ERROR retry {i} failed" for i in range(1, 200)]
+    lines[4] = "a terror-free line: preferror and errors are other words"
+    d = _diagnose(tiny_kb, ("\n".join(lines) + "\n").encode(), engine, chunk)
+    assert [m.line for m in d.scan.first_errors] == [3, 6, 9]
+    assert d.scan.first_errors[1].text == "[rank2] ERROR retry 6 failed"
+
+
 def test_secrets_never_reach_the_evidence(tiny_kb):
     text = b"KABOOM at step 1 while uploading with token=hf_abcdefghijklmnopqrstuvwxyz123456\n"
     d = _diagnose(tiny_kb, text, "re2")

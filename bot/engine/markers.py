@@ -45,7 +45,9 @@ LINE_MARKERS: tuple[Marker, ...] = (
     Marker(TRACEBACK, Pattern(r"Traceback \(most recent call last\)|│ ❱ +\d+ │")),
     # and the header Python prints over an exception it ignored (in __del__, at interpreter exit)
     Marker(EXCEPTION, Pattern(r"\b([A-Z]\w*(Error|Exception)|Exception)(:|$)|" + IGNORED_HEADER)),
-    Marker(ERROR, Pattern(r"\b(error|fatal)\b", True)),
+    # Only the first KEEP_ERRORS of a file are kept, and a noisy log has thousands: the engine
+    # reports a chunk's first one, the scan asks for the next ones (scan.Scanner._more_errors).
+    Marker(ERROR, Pattern(r"\b(error|fatal)\b", True, first_only=True)),
 )
 
 

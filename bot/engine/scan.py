@@ -267,6 +267,8 @@ class Scanner:
         self.engine = engines.build(patterns, engine_name)
         self.iteration_engine = engines.build([m.scan for m in markers.ITERATION_MARKERS], engine_name)
         self.series_engine = engines.build(trends.KEY_PATTERNS, engine_name, prefilter=False)
+        self.error_pid = self.kinds.index(markers.ERROR)
+        self.error_engine = engines.build([patterns[self.error_pid]], engine_name)
         self._confirm = [engines.re2_compile(p, text=True) for p in patterns]
         self._confirm_lines = [engines.re2_compile(p, multiline=True) for p in patterns]
         self.chunk_bytes = chunk_bytes
@@ -418,8 +420,10 @@ class Scanner:
             elif kind == markers.TRACEBACK:
                 st.tracebacks += 1
             elif errors < KEEP_ERRORS:
-                errors += 1
+                # the engine reports a chunk's first error line only: the next ones are looked for here
                 kept.append((start, end, pid, kind))
+                kept += self._next_errors(data, stop + 1, cut, KEEP_ERRORS - errors - 1)
+                errors = KEEP_ERRORS  # the chunk holds no more than were found
         for pid, lines in pending.items():
             kept += self._confirm_pending(pid, lines, data, st, last)
         for pid, lines in last.items():
@@ -427,6 +431,16 @@ class Scanner:
         kept += [(s, e, pid, markers.EXCEPTION) for s, e in exceptions[-KEEP_EXCEPTIONS:]]
         kept.sort()
         return kept, checkpoints
+
+    def _next_errors(self, data, pos: int, cut: int, wanted: int) -> list[tuple[int, int, int, str]]:
+        """The next `wanted` error lines from `pos`, each scan stopping at the first one it finds."""
+        found = []
+        while len(found) < wanted and pos < cut and (reports := self.error_engine.scan(data, pos, cut)):
+            end = reports[0][0]
+            start = data.rfind(b"\n", 0, end - 1) + 1
+            found.append((start, end, self.error_pid, markers.ERROR))
+            pos = (data.find(b"\n", end - 1, cut) + 1) or cut
+        return found
 
     def _confirm_pending(self, pid: int, lines: list[tuple[int, int, int]], data, st: _File,
                          last: dict[int, list]) -> list[tuple[int, int, int, str]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import version
 from typing import Protocol
 
@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover - depends on the platform
 class Pattern:
     regex: str
     ignorecase: bool = False
+    first_only: bool = False  # reported for its first line in a scan only (it may be asked again from a later offset)
 
 
 # Reports kept for one line before the scan skips to the next line: a line of a literal repeated
@@ -43,7 +44,8 @@ class Engine(Protocol):
 
     def scan(self, data, start: int, cut: int) -> list[tuple[int, int]]:
         """(end_offset, pattern_index) pairs in data[start:cut], sorted by end offset (offsets into
-        data); every line that matches a pattern is reported for it, not every match on it."""
+        data); every line that matches a pattern is reported for it, not every match on it, and
+        only the first line for a `first_only` pattern (a line left early may add one more)."""
 
 
 def re2_compile(pattern: Pattern, multiline: bool = False, text: bool = False) -> "re2._Regexp":
@@ -73,6 +75,7 @@ def _hyperscan_db(patterns: list[Pattern]) -> "hyperscan.Database":
     db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
     flags = [
         hyperscan.HS_FLAG_MULTILINE | (hyperscan.HS_FLAG_CASELESS if p.ignorecase else 0)
+        | (hyperscan.HS_FLAG_SINGLEMATCH if p.first_only else 0)
         for p in patterns
     ]
     db.compile(
@@ -90,7 +93,7 @@ def _cached_hyperscan_db(patterns: list[Pattern], prefilter: bool) -> "hyperscan
     Keyed by the patterns, their flags and the hyperscan version, under XDG_CACHE_HOME; any problem
     with the cache only means compiling again.
     """
-    key = hashlib.sha256(repr((version("hyperscan"), prefilter, [(p.regex, p.ignorecase) for p in patterns])).encode())
+    key = hashlib.sha256(repr((version("hyperscan"), prefilter, [(p.regex, p.ignorecase, p.first_only) for p in patterns])).encode())
     path = cache_dir() / f"hyperscan-{key.hexdigest()[:24]}.db"
     try:
         db = hyperscan.loadb(path.read_bytes(), hyperscan.HS_MODE_BLOCK)
@@ -136,7 +139,7 @@ def _prefilter(pattern: Pattern, common: _CommonText) -> Pattern:
     found = literals.required_literals(pattern.regex)
     if not found or any(common.too_common(lit, pattern.ignorecase) for lit in found):
         return pattern
-    return Pattern("|".join(map(literals.escape, found)), pattern.ignorecase)
+    return replace(pattern, regex="|".join(map(literals.escape, found)))
 
 
 class HyperscanEngine:
@@ -189,6 +192,7 @@ class RE2Engine:
 
     def __init__(self, patterns: list[Pattern]) -> None:
         self._regexes = [re2_compile(p, multiline=True) for p in patterns]
+        self._first_only = [p.first_only for p in patterns]
         self._set = re2.Set.SearchSet(re2.Options())
         for regex in self._regexes:
             self._set.Add(regex.pattern)
@@ -206,6 +210,8 @@ class RE2Engine:
             regex, pos = self._regexes[pid], start
             while (m := regex.search(data, pos, cut)) is not None:
                 hits.append((m.end(), pid))
+                if self._first_only[pid]:
+                    break
                 pos = data.find(b"\n", m.end(), cut) + 1 or cut  # one report a line is enough
         hits.sort()
         return hits
