@@ -33,6 +33,7 @@ _ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}
 _GLOG = re.compile(r"\b[IWEF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")  # [W1009 17:52:10.112]
 _SYSLOG = re.compile(r"^([A-Z][a-z]{2}) ([ \d]\d) (\d\d):(\d\d):(\d\d)")
 _DMESG = re.compile(r"^\[\s*(\d{1,9}\.\d{3,9})\]")
+_CLOCK = re.compile(r"\d:\d\d")  # in every timestamp above but dmesg's: most untimed lines fail this one search
 
 # Only timestamps near the start of a line date the line; later ones are quoted values.
 _HEAD = 120
@@ -53,6 +54,8 @@ def _seconds(month: int, day: int, h: str, m: str, s: str, frac: str | None) -> 
 def line_time(line: str) -> tuple[str | None, tuple[str, float] | None]:
     """(the timestamp as written, (kind, seconds)) of a line, or (None, None)."""
     head = line[:_HEAD]
+    if not head.startswith("[") and not _CLOCK.search(head):
+        return None, None
     if m := _ISO.search(head):
         y, mo, d, h, mi, s, frac = m.groups()
         try:

@@ -195,7 +195,7 @@ class _File:
         self.file = file_no
         self.count = [0] * n_fingerprints
         self.need = [KEEP_HITS] * n_fingerprints  # confirmed first lines still wanted
-        self.first: list[list[_Raw]] = [[] for _ in range(n_fingerprints)]
+        self.first: dict[int, list[_Raw]] = {}  # by fingerprint, as `last`: a file hits a few of hundreds
         self.last: dict[int, deque] = {}
         self.ranks: dict[int, set] = {}
         self.hosts: dict[int, set] = {}
@@ -506,7 +506,7 @@ class Scanner:
                        progress.iteration(start) if kind in (_FINGERPRINT, "last", markers.EXCEPTION) else None,
                        progress.checkpoint(start))
             if kind is _FINGERPRINT:
-                st.first[pid].append(raw)
+                st.first.setdefault(pid, []).append(raw)
             elif kind == "last":
                 st.last.setdefault(pid, deque(maxlen=KEEP_HITS)).append(raw)
             elif kind == markers.EXCEPTION:
@@ -519,12 +519,11 @@ class Scanner:
         result.bytes += st.pos
         result.lines += st.lines
         result.file_lines.append(st.lines)
-        for pid, fp in enumerate(self.fingerprints):
-            raws = st.first[pid] + list(st.last.get(pid, ()))
-            if raws:
-                later = FingerprintHits(st.count[pid], raws[:KEEP_HITS], deque(raws[KEEP_HITS:], maxlen=KEEP_HITS),
-                                        st.ranks.get(pid, set()), st.hosts.get(pid, set()))
-                result.hits.setdefault(fp, FingerprintHits()).merge(later)
+        for pid in sorted(st.first.keys() | st.last.keys()):
+            raws = st.first.get(pid, []) + list(st.last.get(pid, ()))
+            later = FingerprintHits(st.count[pid], raws[:KEEP_HITS], deque(raws[KEEP_HITS:], maxlen=KEEP_HITS),
+                                    st.ranks.get(pid, set()), st.hosts.get(pid, set()))
+            result.hits.setdefault(self.fingerprints[pid], FingerprintHits()).merge(later)
         result.tracebacks += st.tracebacks
         result.first_errors += st.errors[: max(0, KEEP_ERRORS - len(result.first_errors))]
         result.last_exceptions.extend(st.exceptions)
