@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import BinaryIO, Iterable
 
-from bot.engine import fallback, timeline
+from bot.engine import fallback, redact, timeline
 from bot.engine.scan import CHUNK_BYTES, Hit, Marked, Scanner, ScanResult
 from bot.kb.load import Entry, KnowledgeBase
 from bot.kb.xids import NO_XID, Xid, XidTable
@@ -330,6 +330,7 @@ class Diagnoser:
     def __init__(self, kb: KnowledgeBase, chunk_bytes: int = CHUNK_BYTES, engine_name: str | None = None) -> None:
         self.kb = kb
         self.scanner = Scanner(kb, chunk_bytes, engine_name)
+        redact.prepare()  # with the engines, not in the first diagnosis that shows a line
 
     def diagnose(self, streams: Iterable[tuple[str, BinaryIO]], jobid: str | None = None,
                  warnings: list[str] | None = None) -> Diagnosis:

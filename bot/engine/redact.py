@@ -328,6 +328,12 @@ def _rules() -> tuple[re2._Set, list[Callable[[str, bool], list[tuple[int, int]]
     return prefilter, [run for _, run in rules]
 
 
+def prepare() -> None:
+    """Build the rules now: importing detect-secrets' plugins and compiling the set takes some
+    20 ms, which would otherwise fall on the first line redacted (a bot worker's first reply)."""
+    _rules()
+
+
 def _whole(text: str, start: int, end: int) -> tuple[int, int]:
     """The span widened to the whole token it lies in (a rule may match only a prefix of a key)."""
     while start > 0 and _TOKEN_CHARS.match(text[start - 1]) and text[start - 1] not in "=.":
