@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import io
 import itertools
 import re
 from collections import deque
@@ -338,6 +339,12 @@ class Scanner:
         st = _File(len(self.fingerprints), file_no)
         st.base = offset
         series = trends.Series(self.series_engine, recording) if any(self.detectors.values()) else None
+        pasted = _in_memory(stream, len(self._buffer))
+        if pasted is not None:  # scanned where it lies, as one chunk
+            tail = self._chunk(pasted, len(pasted), st, series, b"") if pasted else b""
+            if pasted and not pasted.endswith(b"\n"):
+                st.lines += 1  # the last line had no newline
+            return st, series, tail
         buf = self._buffer  # one per scanner: a job of 1,000 files allocates it once
         view = memoryview(buf)
         carry = 0
@@ -586,6 +593,18 @@ class Scanner:
                           time=ctx.time, time_key=ctx.time_key, groups={"trend": trend.meaning},
                           iteration=trend.iteration, checkpoint=checkpoint)
                 result.hits.setdefault(fp, FingerprintHits()).add(hit)
+
+
+def _in_memory(stream: BinaryIO, limit: int) -> bytes | None:
+    """The rest of a paste held in memory (a BytesIO, read without a copy) when it fits one chunk."""
+    if not isinstance(stream, io.BytesIO):
+        return None
+    with stream.getbuffer() as view:
+        if len(view) - stream.tell() > limit:
+            return None
+    data = stream.getvalue()[stream.tell():]
+    stream.seek(0, io.SEEK_END)
+    return data
 
 
 def _iteration(line: bytes | None) -> str | None:
