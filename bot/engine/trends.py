@@ -118,7 +118,7 @@ class _Divergence:
         if self.turn is not None and value < RECOVERY_FACTOR * self.turn[1]:
             self.turn = None  # it came back: a spike, not a divergence
         if self.turn is None and len(self.window) >= MIN_HISTORY:
-            base = statistics.median(self.window)
+            base = _sorted_median(self.window)
             if base > 0 and value >= SPIKE_FACTOR * base:
                 self.turn = (quote(), base, value)
                 started = True
@@ -127,6 +127,12 @@ class _Divergence:
         self.recent.append(value)
         bisect.insort(self.window, value)
         return started
+
+
+def _sorted_median(values: list[float]) -> float:
+    """statistics.median of a list already sorted, without sorting it again for every loss read."""
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 @dataclass
