@@ -46,7 +46,7 @@ LINE_MARKERS: tuple[Marker, ...] = (
     # and the header Python prints over an exception it ignored (in __del__, at interpreter exit)
     Marker(EXCEPTION, Pattern(r"\b([A-Z]\w*(Error|Exception)|Exception)(:|$)|" + IGNORED_HEADER)),
     # Only the first KEEP_ERRORS of a file are kept, and a noisy log has thousands: the engine
-    # reports a chunk's first one, the scan asks for the next ones (scan.Scanner._more_errors).
+    # reports a chunk's first one, the scan asks for the next ones (scan.Scanner._next_errors).
     Marker(ERROR, Pattern(r"\b(error|fatal)\b", True, first_only=True)),
 )
 
