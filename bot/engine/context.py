@@ -33,7 +33,7 @@ _ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}
 _GLOG = re.compile(r"\b[IWEF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")  # [W1009 17:52:10.112]
 _SYSLOG = re.compile(r"^([A-Z][a-z]{2}) ([ \d]\d) (\d\d):(\d\d):(\d\d)")
 _DMESG = re.compile(r"^\[\s*(\d{1,9}\.\d{3,9})\]")
-_CLOCK = re.compile(r"\d:\d\d")  # in every timestamp above but dmesg's: most untimed lines fail this one search
+_CLOCK = re.compile(r"\d:\d\d")  # in every timestamp above but dmesg's
 
 # Only timestamps near the start of a line date the line; later ones are quoted values.
 _HEAD = 120
@@ -54,8 +54,9 @@ def _seconds(month: int, day: int, h: str, m: str, s: str, frac: str | None) -> 
 def line_time(line: str) -> tuple[str | None, tuple[str, float] | None]:
     """(the timestamp as written, (kind, seconds)) of a line, or (None, None)."""
     head = line[:_HEAD]
-    if not head.startswith("[") and not _CLOCK.search(head):
-        return None, None
+    if not _CLOCK.search(head):
+        m = _DMESG.search(head)  # the one timestamp without a clock; most lines are untimed
+        return (m.group(0), ("boot", float(m.group(1)))) if m else (None, None)
     if m := _ISO.search(head):
         y, mo, d, h, mi, s, frac = m.groups()
         try:
