@@ -147,8 +147,13 @@ class ScoreReport:
         return [c for c in self.cases if c.want == "none" and c.got is not None]
 
 
+def _want(label: dict) -> str:
+    """The labelled root; a healthy log is `root: none`, or an empty root (YAML null)."""
+    return label["root"] or "none"
+
+
 def _accepted(label: dict) -> set[str | None]:
-    ok = {label["root"], *label.get("also_ok", [])}
+    ok = {_want(label), *label.get("also_ok", [])}
     return {None if x == "none" else x for x in ok}
 
 
@@ -163,7 +168,7 @@ def score(diagnoser: Diagnoser, folder: Path) -> ScoreReport:
         got = d.root.entry.id if d.root else None
         ranked = [f.entry.id for f in d.findings[:3]] or [None]
         accepted = _accepted(label)
-        cases.append(Scored(label["case"], label["root"], got, ranked, d.confidence, got in accepted,
+        cases.append(Scored(label["case"], _want(label), got, ranked, d.confidence, got in accepted,
                             bool(accepted & set(ranked))))
     return ScoreReport(cases)
 

@@ -218,3 +218,15 @@ def test_export_feedback_writes_kb_examples(tmp_path):
     [example] = yaml.safe_load(out.stdout)
     assert example["entry"] == "host-oom-kill" and "oom-kill event" in example["log"]
     assert "diagnosed slurm-cgroup-oom" in example["name"]
+
+
+def test_kb_score_counts_a_null_root_as_a_healthy_log(tmp_path):
+    write(tmp_path / "oom.log", OOM_LOG)
+    write(tmp_path / "fine.log", "[rank0]: iteration 10/ 10 | lm loss: 1.9 |\ntraining finished\n")
+    write(tmp_path / "also-fine.log", "epoch 3 done, saving model\n")
+    write(tmp_path / "labels.yaml", "- {case: oom.log, root: slurm-cgroup-oom}\n"
+                                    "- {case: fine.log, root: null}\n- {case: also-fine.log, root: none}\n")
+    proc = run_cli("kb", "score", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert b"failing logs: top-1 1/1 (100%)" in proc.stdout
+    assert b"healthy logs: 0 false alarms of 2" in proc.stdout
