@@ -211,3 +211,23 @@ def test_a_bare_exception_under_childfailederror_is_the_answer(diagnoser):
     assert d.root is not None and d.root.entry.id == "python-user-code-error"
     assert d.root.first.text == "Exception: expected value at line 1 column 1"
     assert d.root.groups["exception"] == "Exception"
+
+
+HYDRA = """\
+Error executing job with overrides: ['trainer.devices=4']
+Error in call to target 'pipeline.sample.build_sampler':
+ValueError("unknown sampler 'ddim2', expected one of ['ddim', 'ddpm']")
+full_key: sampler
+
+Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.
+"""
+
+
+def test_hydras_short_report_of_a_task_that_raised_is_the_answer(diagnoser):
+    """Hydra prints the repr of the task's exception and no traceback unless HYDRA_FULL_ERROR is set."""
+    d = diagnoser.diagnose_text(PROGRESS + HYDRA)
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    assert d.root.first.text.startswith("ValueError(\"unknown sampler 'ddim2'")
+    assert d.root.groups["exception"] == "ValueError"
+    # the same repr printed by the program itself, with no uncaught-exception report, ended nothing
+    assert diagnoser.diagnose_text(PROGRESS + HYDRA.splitlines()[2] + "\n" + PROGRESS).root is None

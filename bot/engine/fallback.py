@@ -25,7 +25,8 @@ LAST_EXCEPTION = "last-exception"
 END_LINES = 40  # an exception this close to the end of its file ended the run
 IGNORED_LINES = 40  # an exception this close after Python's "Exception ignored in" header is that ignored one
 _IGNORED = re.compile(markers.IGNORED_HEADER)
-_TYPE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|Exception))(?=:|\s*$)")  # or a bare raise Exception(...)
+# "KeyError: ...", a bare `raise Exception(...)`'s "Exception:", and a repr ("TypeError('...')")
+_TYPE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|Exception))(?=:|\(|\s*$)")
 
 
 def _matched_lines(result: ScanResult, roles: tuple[str, ...]) -> list[tuple[int, int]]:
