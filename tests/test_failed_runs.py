@@ -134,6 +134,10 @@ def test_the_exit_code_in_torchruns_table_names_how_the_child_died(diagnoser, co
      "'--local_rank=0'] exits with return code = -9", "host-oom-kill"),
     ("mpirun noticed that process rank 1 with PID 4242 on node gpu-node-17 exited on signal 6 (Aborted).",
      "process-aborted"),
+    ("mpirun noticed that process rank 3 with PID 4250 on node gpu-node-17 exited on signal 8 (Floating point exception).",
+     "segfault"),  # SIGFPE: a native crash, debugged as a segfault is
+    ("mpirun noticed that process rank 0 with PID 4211 on node gpu-node-17 exited on signal 7 (Bus error).",
+     "shm-exhausted"),
 ])
 def test_a_signal_a_launcher_reports_names_how_the_child_died(diagnoser, report, entry):
     d = diagnoser.diagnose_text(PROGRESS + report + "\n")
