@@ -178,3 +178,23 @@ def test_lines_the_engine_reports_but_the_pattern_rejects_are_not_hits(tiny_kb, 
     assert [h.line for h in fph.hits] == [501, 502, 503, 504, 505, 506, 507]
     assert fph.hits[0].groups["step"] == "1000"
     assert d.root.entry.id == "boom" and d.root.ranks == list(range(7))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_job_of_rank_files_keeps_its_first_and_last_hits_and_every_rank(tiny_kb, engine):
+    """A job keeps five first hits in all: the files after the one that gave them count their
+    lines, keep the last ones and read their ranks, and what is kept is still confirmed."""
+    streams = []
+    for rank in range(6):
+        lines = [f"[rank{rank}]: iteration {i}/ 90 | loss 2.0" for i in range(40)]
+        lines += [f"[rank{rank}]: KABOOM at step {100 * rank + i}" for i in range(4)]
+        lines.append(f"[rank{rank}]: KABOOM at step unknown")  # the engine's literal, not the pattern
+        streams.append((f"rank{rank}.log", io.BytesIO(("\n".join(lines) + "\n").encode())))
+    d = diagnose_streams(Diagnoser(tiny_kb, engine_name=engine), streams)
+    (fph,) = (fph for fp, fph in d.scan.hits.items() if fp.entry == "boom")
+    assert [(h.file, h.groups["step"]) for h in fph.first] == [(0, "0"), (0, "1"), (0, "2"), (0, "3"), (1, "100")]
+    # a line the pattern rejects may take a last place and be dropped when confirmed
+    last = [(h.file, h.groups["step"]) for h in fph.last]
+    assert len(last) >= 4 and last[-4:] == [(5, "500"), (5, "501"), (5, "502"), (5, "503")]
+    assert fph.ranks == set(range(6))
+    assert fph.count >= 24

@@ -192,10 +192,14 @@ def _line_bytes(data, start: int, cut: int, limit: int = 4096) -> bytes:
 class _File:
     """What is kept of one file while it is scanned: counters and kept lines as bytes."""
 
-    def __init__(self, n_fingerprints: int, file_no: int) -> None:
+    def __init__(self, n_fingerprints: int, file_no: int, kept: dict[int, int] | None = None) -> None:
         self.file = file_no
         self.count = [0] * n_fingerprints
-        self.need = [KEEP_HITS] * n_fingerprints  # confirmed first lines still wanted
+        # confirmed first lines still wanted: a job keeps KEEP_HITS in all, so the files before
+        # this one (`kept`, by fingerprint) may have found them already
+        self.need = [KEEP_HITS] * n_fingerprints
+        for pid, n in (kept or {}).items():
+            self.need[pid] = max(0, KEEP_HITS - n)
         self.first: dict[int, list[_Raw]] = {}  # by fingerprint, as `last`: a file hits a few of hundreds
         self.last: dict[int, deque] = {}
         self.ranks: dict[int, set] = {}
@@ -277,6 +281,7 @@ class Scanner:
 
     def __init__(self, kb: KnowledgeBase, chunk_bytes: int = CHUNK_BYTES, engine_name: str | None = None) -> None:
         self.fingerprints = kb.fingerprints
+        self._pid = {fp: pid for pid, fp in enumerate(self.fingerprints)}
         self.detectors = {kind: kb.detectors(kind) for kind in trends.KINDS}
         patterns = [fp.pattern for fp in self.fingerprints] + [m.scan for m in markers.LINE_MARKERS]
         self.kinds = [_FINGERPRINT] * len(self.fingerprints) + [m.kind for m in markers.LINE_MARKERS]
@@ -294,7 +299,8 @@ class Scanner:
         """Scan one stream into `result` (files scanned one after another form one job)."""
         file_no = len(result.files)
         result.files.append(name)
-        st, series, tail = self._read(stream, file_no, 0, None)
+        kept = {self._pid[fp]: len(fph.first) for fp, fph in result.hits.items() if fp in self._pid}
+        st, series, tail = self._read(stream, file_no, 0, None, kept)
         self._finish(st, result)
         if series is not None:
             self._trends(series.summary, st.iteration, st.iteration_line, st.checkpoint, tail, file_no, result)
@@ -348,10 +354,10 @@ class Scanner:
             self._trends(summary, iteration, iteration_line, checkpoint, tail, file_no, result)
         return result
 
-    def _read(self, stream: BinaryIO, file_no: int, offset: int,
-              recording: trends.Recording | None) -> tuple[_File, trends.Series | None, bytes]:
+    def _read(self, stream: BinaryIO, file_no: int, offset: int, recording: trends.Recording | None,
+              kept: dict[int, int] | None = None) -> tuple[_File, trends.Series | None, bytes]:
         """Go through a stream chunk by chunk: what is kept of it, its series and its last bytes."""
-        st = _File(len(self.fingerprints), file_no)
+        st = _File(len(self.fingerprints), file_no, kept)
         st.base = offset
         series = trends.Series(self.series_engine, recording) if any(self.detectors.values()) else None
         pasted = _in_memory(stream, len(self._buffer))
