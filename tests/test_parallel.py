@@ -147,3 +147,17 @@ def test_one_big_plain_file_gets_several_processes(tmp_path, monkeypatch):
     gz = tmp_path / "job.log.gz"
     gz.write_bytes(gzip.compress(b"x\n" * 5000))
     assert parallel.workers_for([(str(gz), gz.name)]) == 1
+
+
+def test_a_parallel_job_of_rank_files_keeps_every_ranks_hits_counted(diagnoser, tmp_path):
+    """Workers' results merge keeping five first and five last hits: a rank whose lines fall
+    between them is still among the ranks the failure was seen on."""
+    files = []
+    for rank in range(16):
+        lines = [f"[rank{rank}]: iteration {i}/ 90 | lm loss: 2.0 |" for i in range(30)]
+        lines.append(f"[rank{rank}]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
+        (tmp_path / f"rank{rank}.log").write_text("\n".join(lines) + "\n")
+        files.append((str(tmp_path / f"rank{rank}.log"), f"rank{rank}.log"))
+    d = diagnoser.analyse(parallel.scan(diagnoser, files, None, workers=2))
+    assert d.root.entry.id == "cuda-oom"
+    assert d.root.ranks == list(range(16))

@@ -92,6 +92,8 @@ class FingerprintHits:
     def merge(self, later: FingerprintHits) -> None:
         """Add the hits of `later`, which all come after these."""
         ordered = self.hits + later.hits
+        for dropped in ordered[KEEP_HITS:-KEEP_HITS]:  # neither first nor last: its rank still counts
+            self.spread(*_spread_of(dropped))
         self.count += later.count
         self.first, self.last = ordered[:KEEP_HITS], deque(ordered[KEEP_HITS:], maxlen=KEEP_HITS)
         for rank in later.ranks:
@@ -176,6 +178,17 @@ class _Raw:
     clipped: bool  # the window starts after the line's start
     iteration: bytes | None  # the last iteration line before it
     checkpoint: bytes | None  # the last checkpoint line before it
+
+
+def _spread_of(kept: Hit | _Raw) -> tuple[int | None, str | None]:
+    """The rank and host of a kept line (a raw one's read from its head)."""
+    if isinstance(kept, Hit):
+        return kept.rank, kept.host
+    m = _SPREAD.match(kept.head, 0, 160)
+    if m is None:
+        return None, None
+    rank, host = m.group("r1") or m.group("r2"), m.group("h1") or m.group("h2")
+    return (int(rank) if rank else None), (host.decode() if host else None)
 
 
 def _clip(text: str, start: int, end: int) -> str:
