@@ -235,3 +235,12 @@ def test_hydras_short_report_of_a_task_that_raised_is_the_answer(diagnoser):
     assert d.root.groups["exception"] == "ValueError"
     # the same repr printed by the program itself, with no uncaught-exception report, ended nothing
     assert diagnoser.diagnose_text(PROGRESS + HYDRA.splitlines()[2] + "\n" + PROGRESS).root is None
+
+
+def test_an_exception_whose_traceback_was_cut_off_counts_when_the_launcher_reports_the_failure(diagnoser):
+    cut = "FileExistsError: [Errno 17] File exists:\n'/scratch/data/eegbci/S043'\n\n"
+    srun = "srun: error: nid008637: task 3: Exited with exit code 1\nsrun: error: nid008637: tasks 0-2: Terminated\n"
+    d = diagnoser.diagnose_text(PROGRESS + cut + srun)
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    assert d.root.groups["exception"] == "FileExistsError"
+    assert diagnoser.diagnose_text(PROGRESS + cut).root is None  # no traceback and no failure report

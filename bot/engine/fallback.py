@@ -5,7 +5,8 @@ of a custom class, `RuntimeError: Found dtype Half but expected Float`) must not
 Entries that declare a `last-exception` detector (python-user-code-error) take that line as a weak
 root, when the log shows that the run failed of it: a launcher or the scheduler reported a
 failure after it (a cascade fingerprint hit: ChildFailedError, `srun: error: ... Exited with exit
-code 1`), or it is among the last lines of its file. An exception handled in the middle of a
+code 1`), or it is among the last lines of its file; with no traceback anywhere (a paste that cut
+it off) only the first of these counts. An exception handled in the middle of a
 healthy run is followed by more training and stays silent; an exception line that a fingerprint
 matched is that entry's to explain, and a wrapper's own exception (ChildFailedError,
 CalledProcessError) is never the answer. When no exception explains it, the signal a wrapper
@@ -38,19 +39,24 @@ def recovered(file: int, line: int, result: ScanResult) -> bool:
     return any(h.file == file and h.line > line for fp, fph in result.hits.items() if fp.recovers for h in fph.hits)
 
 
+def failure_reported_after(file: int, line: int, result: ScanResult) -> bool:
+    """Whether a launcher or the scheduler reported a failure after this line (a cascade hit)."""
+    return any(order > (file, line) for order in _matched_lines(result, ("cascade",)))
+
+
 def ended_the_run(file: int, line: int, result: ScanResult) -> bool:
     """Whether the run ended on this line: nothing recovered from it, and a launcher or the
-    scheduler reported a failure after it (a cascade hit) or it is among the last lines of its file."""
+    scheduler reported a failure after it or it is among the last lines of its file."""
     if recovered(file, line, result):
         return False
     near_end = file < len(result.file_lines) and line > result.file_lines[file] - END_LINES
-    return near_end or any(order > (file, line) for order in _matched_lines(result, ("cascade",)))
+    return near_end or failure_reported_after(file, line, result)
 
 
 def last_exception(result: ScanResult) -> Marked | None:
-    """The exception that ended a failed run, when no fingerprint matched it; None otherwise."""
-    if not result.tracebacks:
-        return None  # an error line without a traceback is not an uncaught Python exception
+    """The exception that ended a failed run, when no fingerprint matched it; None otherwise.
+    Without a traceback in the log (a paste that cut it off) it takes a launcher's or the
+    scheduler's failure report after it: an error line alone is not an uncaught exception."""
     matched = set(_matched_lines(result, ("root", "cascade", "confirm")))
     blocks = ignored_blocks(result)
     for m in reversed(result.last_exceptions):
@@ -58,6 +64,8 @@ def last_exception(result: ScanResult) -> Marked | None:
             continue  # a wrapper's exception, a line a known entry already explains, an "ignored" header
         if in_blocks(m.file, m.line, blocks):
             return None  # Python reported it as ignored (raised in __del__ or at exit): it ended nothing
+        if not result.tracebacks and not failure_reported_after(m.file, m.line, result):
+            return None
         return m if ended_the_run(m.file, m.line, result) else None
     return None
 
