@@ -3,6 +3,8 @@ knowledge base, under every engine: divergence, NaN/Inf, fp16 loss scale and ski
 import io
 import random
 
+import pytest
+
 from bot.engine import trends
 from bot.sources.files import diagnose_streams
 
@@ -114,6 +116,15 @@ def test_a_stall_needs_timestamps_and_a_log_that_goes_on(diagnoser):
     assert d.root.first.line == 6 and "no new progress line for 30 min" in d.root.first.text
     assert _diagnose(diagnoser, steps).findings == []  # the log ends with progress: nothing to judge
     assert _diagnose(diagnoser, steps + ["[2024-09-11 17:03:00,000] [INFO] saving checkpoint"]).findings == []
+
+
+@pytest.mark.parametrize("step", ["Step {n}: loss: 1.9", "step {n}/5000 | loss: 1.9", "iter {n}: loss 1.9100, time 120.2ms"])
+def test_a_stall_of_step_lines_without_an_equals_sign(diagnoser, step):
+    """"Step 100: ...", "step 100/5000 | ..." and nanoGPT's "iter 100: ..." are progress lines too."""
+    steps = [f"[2024-09-11 17:00:{2 * i:02d}] " + step.format(n=100 + i) for i in range(6)]
+    d = _diagnose(diagnoser, steps + ["[2024-09-11 17:30:00] heartbeat: worker alive"])
+    assert d.root.entry.id == "training-hang" and d.root.first.line == 6
+    assert d.progress["iteration"] == 105
 
 
 def test_untimed_progress_is_never_a_stall(diagnoser):

@@ -36,6 +36,8 @@ ITERATION_MARKERS: tuple[Marker, ...] = (
     Marker(ITERATION, Pattern(r"\biteration\s+\d+/\s*\d+ \|"), re2.compile(r"\biteration\s+(\d+)/")),
     Marker(ITERATION, Pattern(r"\d%\|[^|\n]*\|\s*\d+/\d+ \["), _TQDM),
     Marker(ITERATION, Pattern(r"\b(global[_ ]step|step|steps|iter|iteration)['\"]?\s*[=:]\s*\d", True), _KEYED),
+    # "Step 100: loss ...", "step 100/5000 | ...", nanoGPT's "iter 100: loss ..."
+    Marker(ITERATION, Pattern(r"\b(step|iter)\s+\d+(/\d+|:)", True), re2.compile(r"(?i)\b(?:step|iter)\s+(\d+)(?:/\d+|:)")),
 )
 LINE_MARKERS: tuple[Marker, ...] = (
     # "Saving model checkpoint to", "saving checkpoint at iteration", "saving model to '...ckpt'";
