@@ -182,3 +182,32 @@ def test_a_tensorflow_loss_equals_series_is_read_for_divergence(diagnoser):
     lines = [f"INFO:tensorflow:loss = {loss:.4f}, step = {i * 100} ({0.41:.3f} sec)" for i, loss in enumerate(losses)]
     spike = _finding(_diagnose(diagnoser, lines), "loss-spike")
     assert spike is not None and "loss = 6.8000" in spike.first.text
+
+
+def test_paddle_amp_halving_its_scale_far_below_one_is_a_collapse(diagnoser):
+    lines = [f"[2022/11/08 14:54:{i:02d}] ppcls INFO: [Train][Epoch 2/800][Iter: {i}/366] loss: 12.44, batch_cost: 0.54s"
+             for i in range(5)]
+    lines += [f"Found inf or nan, current scale is: {2.0 ** -(10 + i)}, decrease to: {2.0 ** -(10 + i)}*0.5" for i in range(12)]
+    d = _diagnose(diagnoser, lines)
+    assert d.root.entry.id == "fp16-loss-scale"
+
+
+def _mmengine(grad_norms):
+    return [f"10/30 22:{18 + i // 2:02d}:{30 * (i % 2):02d} - mmengine - INFO - Epoch(train) [1][{10 * i}/735]  lr: 1.98e-04  "
+            f"time: 2.89  loss: {2.7 - i / 100:.4f}  grad_norm: {g}" for i, g in enumerate(grad_norms)]
+
+
+def test_mmengine_grad_norms_that_end_nan_are_a_nan_loss_one_inf_is_not(diagnoser):
+    d = _diagnose(diagnoser, _mmengine(["3.06"] * 20 + ["nan", "nan"]))
+    assert d.root.entry.id == "nan-loss" and d.root.first.line == 21
+    assert _diagnose(diagnoser, _mmengine(["3.06"] * 20 + ["inf"])).findings == []
+    assert _diagnose(diagnoser, _mmengine(["3.06"] * 20 + ["inf", "inf", "2.9"])).findings == []
+
+
+def test_a_run_whose_last_logged_loss_is_infinite_ended_on_it(diagnoser):
+    lines = [f"2017-08-20 16:11:{i:02d} INFO  DistriOptimizer$:295 - [Iteration {45400 + i}] Loss is {1.3 - i / 1000:.4f}. "
+             f"Current learning rate is 0.0463." for i in range(30)]
+    d = _diagnose(diagnoser, lines + ["2017-08-20 16:12:00 INFO  DistriOptimizer$:295 - [Iteration 45459] Loss is Infinity. "
+                                      "Current learning rate is 0.0463."])
+    assert d.root.entry.id == "nan-loss"
+    assert _diagnose(diagnoser, lines[:15] + ["[Iteration 45415] Loss is Infinity."] + lines[15:]).findings == []

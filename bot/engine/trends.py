@@ -13,8 +13,9 @@ read is a report, a float() and a comparison or two.
   RECOVERY_FACTOR times that median in the rest of the values read. A spike that recovers is an
   ordinary bad batch. The line quoted is where it turned: the lines of the chunk between the
   window that saw it and the one before are read for the first loss past the threshold.
-- non-finite: the last NONFINITE_RUN values read of the loss or of the grad norm are NaN or Inf.
-  A few infinite grad norms are normal with fp16 (the step is skipped); NaN that stays is not.
+- non-finite: the last values read (NONFINITE_RUN of each series) of the loss or of the grad norm
+  are NaN or Inf: a run that ends on a NaN loss, or on grad norms that stay NaN. An infinite grad
+  norm now and then is normal with fp16 (the step is skipped); NaN that stays is not.
 - loss-scale floor: the fp16 loss scale came down to SCALE_FLOOR (Megatron's and DeepSpeed's
   default minimum) from higher, or below it (fairseq's minimum is 1e-4: only repeated overflows
   get there); a scale that is 1.0 throughout is bf16 or fp32, not a collapse.
@@ -49,7 +50,6 @@ SPIKE_FACTOR = 3.0
 RECOVERY_FACTOR = 2.0
 MIN_HISTORY = 10
 HISTORY = 100
-NONFINITE_RUN = 3
 SCALE_FLOOR = 1.0
 CALIBRATION_ITERATIONS = 100
 SKIPPED_SHARE = 0.2
@@ -63,16 +63,19 @@ LOSS_SPIKE, NONFINITE, SCALE_FLOOR_KIND, SKIPPED_STEPS, PROGRESS_STALL = (
 KINDS = (LOSS_SPIKE, NONFINITE, SCALE_FLOOR_KIND, SKIPPED_STEPS, PROGRESS_STALL)
 
 LOSS, GRAD_NORM, SCALE, SKIPPED, DS_SKIPPED, ITERATION = "loss", "grad norm", "loss scale", "skipped", "ds-skipped", "iteration"
+NONFINITE_RUN = {LOSS: 1, GRAD_NORM: 2}  # fp16 skips a step at a time: one inf grad norm is no failure
 # Each key ends where its value starts. Validation losses are not keys (`val_loss`, `val loss:`).
 _KEYS: tuple[tuple[str, engines.Pattern], ...] = (
     (LOSS, engines.Pattern(r"\blm loss: ")),  # Megatron
     (LOSS, engines.Pattern(r"['\"](?:train_)?loss['\"]: ")),  # HF Trainer's {'loss': 2.31, ...}
     (LOSS, engines.Pattern(r"(?:^|[\s,\[|:])(?:train_|train/)?loss ?[=:] ?")),  # tqdm/Lightning postfix, "| loss: 2.3", TF "INFO:tensorflow:loss = 2.3"
     (LOSS, engines.Pattern(r"\biter \d+: loss ")),  # nanoGPT
-    (GRAD_NORM, engines.Pattern(r"\bgrad norm: |['\"]grad_norm['\"]: |\bgrad_norm=")),
+    (LOSS, engines.Pattern(r"\b[Ll]oss is ")),  # BigDL's "Loss is 1.26.", "Loss is Infinity."
+    (GRAD_NORM, engines.Pattern(r"\bgrad norm: |['\"]grad_norm['\"]: |\bgrad_norm[=:] ?")),  # mmengine "grad_norm: 3.06"
     # Megatron "loss scale: 1.0 |" (older forks without the colon), fairseq "loss_scale=0.062" and
-    # "setting loss scale to: 0.0625", DeepSpeed's overflow lines (new and old wording)
-    (SCALE, engines.Pattern(r"\bloss[ _]scale(?:[=:] ?| )|\bsetting loss scale to: |(?:\bOVERFLOW! Rank \d+|\bOverflow detected\.) "
+    # "setting loss scale to: 0.0625", DeepSpeed's overflow lines (new and old wording), Paddle AMP's
+    # "Found inf or nan, current scale is: 3.05e-05, decrease to: ..."
+    (SCALE, engines.Pattern(r"\bloss[ _]scale(?:[=:] ?| )|\bsetting loss scale to: |\bFound inf or nan, current scale is: |(?:\bOVERFLOW! Rank \d+|\bOverflow detected\.) "
                             r"Skipping step\. Attempted loss scale: \d+(?:\.\d+)?, reducing to |\bReducing dynamic loss scale from \d+(?:\.\d+)? to ")),
     (SKIPPED, engines.Pattern(r"\bnumber of skipped iterations: +|\bnumber_of_skipped_iterations= *")),
     (DS_SKIPPED, engines.Pattern(r"\bstep=\d+, skipped=")),  # DeepSpeed's log_dist: cumulative
@@ -159,8 +162,8 @@ class Summary:
 
     def __init__(self) -> None:
         self.loss = _Divergence()
-        self.finite = {LOSS: deque(maxlen=NONFINITE_RUN), GRAD_NORM: deque(maxlen=NONFINITE_RUN)}
-        self.first_nonfinite: dict[str, Quote] = {}
+        self.finite = {name: deque(maxlen=n) for name, n in NONFINITE_RUN.items()}
+        self.nonfinite_from: dict[str, Quote | None] = {}  # the first value of each series' last NaN/Inf run
         self.scale_max = 0.0
         self.scale_last: float | None = None
         self.floor: Quote | None = None
@@ -187,8 +190,11 @@ class Summary:
             finite = math.isfinite(value)
             self.finite[name].append(finite)
             if not finite:
-                self.first_nonfinite.setdefault(name, quote())
-            elif name == LOSS:
+                if self.nonfinite_from.get(name) is None:
+                    self.nonfinite_from[name] = quote()
+            else:
+                self.nonfinite_from[name] = None
+            if finite and name == LOSS:
                 return self.loss.add(value, quote)
         elif name == ITERATION:
             if self._window_iteration is not None and value > self._window_iteration:
@@ -237,10 +243,10 @@ class Summary:
                              f"loss rose from a running level of {base:.4g} to {value:.4g} here and never came back "
                              f"below {RECOVERY_FACTOR:g}x that level (threshold {SPIKE_FACTOR:g}x)", iteration))
         for name, flags in self.finite.items():
-            if len(flags) == NONFINITE_RUN and not any(flags):
-                quote = self.first_nonfinite[name]
+            if len(flags) == flags.maxlen and not any(flags):
+                quote = self.nonfinite_from[name]
                 out.append(Trend(NONFINITE, quote.line, quote.text,
-                                 f"the logged {name} is NaN or Inf from here on (the last {NONFINITE_RUN} values read)", iteration))
+                                 f"the logged {name} is NaN or Inf from here on (the last values read)", iteration))
                 break
         if self.floor is not None and self.scale_last is not None and self.scale_last <= SCALE_FLOOR:
             out.append(Trend(SCALE_FLOOR_KIND, self.floor.line, self.floor.text,
