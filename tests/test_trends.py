@@ -211,3 +211,10 @@ def test_a_run_whose_last_logged_loss_is_infinite_ended_on_it(diagnoser):
                                       "Current learning rate is 0.0463."])
     assert d.root.entry.id == "nan-loss"
     assert _diagnose(diagnoser, lines[:15] + ["[Iteration 45415] Loss is Infinity."] + lines[15:]).findings == []
+
+
+def test_a_divergence_in_pipe_separated_columns_is_found(diagnoser):
+    lines = [f"step {10 * i:7d} | loss {2.0 - i / 1000:.4f} | lr 1.79e-04 | grad 0.075 | 113.4k tok/s" for i in range(40)]
+    lines += [f"step {400 + 10 * i:7d} | loss {13.8 + i / 100:.4f} | lr 1.79e-04 | grad 0.768 | 37.5k tok/s" for i in range(30)]
+    d = _diagnose(diagnoser, lines)
+    assert d.root.entry.id == "loss-spike" and d.root.first.line == 41

@@ -71,6 +71,7 @@ _KEYS: tuple[tuple[str, engines.Pattern], ...] = (
     (LOSS, engines.Pattern(r"(?:^|[\s,\[|:])(?:train_|train/)?loss ?[=:] ?")),  # tqdm/Lightning postfix, "| loss: 2.3", TF "INFO:tensorflow:loss = 2.3"
     (LOSS, engines.Pattern(r"\biter \d+: loss ")),  # nanoGPT
     (LOSS, engines.Pattern(r"\b[Ll]oss is ")),  # BigDL's "Loss is 1.26.", "Loss is Infinity."
+    (LOSS, engines.Pattern(r"\| loss ")),  # a column of "step 48480 | loss 14.13 | lr ..."
     (GRAD_NORM, engines.Pattern(r"\bgrad norm: |['\"]grad_norm['\"]: |\bgrad_norm[=:] ?")),  # mmengine "grad_norm: 3.06"
     # Megatron "loss scale: 1.0 |" (older forks without the colon), fairseq "loss_scale=0.062" and
     # "setting loss scale to: 0.0625", DeepSpeed's overflow lines (new and old wording), Paddle AMP's
