@@ -184,10 +184,7 @@ def _spread_of(kept: Hit | _Raw) -> tuple[int | None, str | None]:
     """The rank and host of a kept line (a raw one's read from its head)."""
     if isinstance(kept, Hit):
         return kept.rank, kept.host
-    m = _SPREAD.match(kept.head, 0, 160)
-    if m is None:
-        return None, None
-    rank, host = m.group("r1") or m.group("r2"), m.group("h1") or m.group("h2")
+    rank, host = Scanner._read_spread(kept.head, 0, len(kept.head)) or (None, None)
     return (int(rank) if rank else None), (host.decode() if host else None)
 
 
