@@ -218,3 +218,12 @@ def test_a_divergence_in_pipe_separated_columns_is_found(diagnoser):
     lines += [f"step {400 + 10 * i:7d} | loss {13.8 + i / 100:.4f} | lr 1.79e-04 | grad 0.768 | 37.5k tok/s" for i in range(30)]
     d = _diagnose(diagnoser, lines)
     assert d.root.entry.id == "loss-spike" and d.root.first.line == 41
+
+
+def test_capitalised_train_loss_columns_are_read_and_test_loss_is_not(diagnoser):
+    lines = [f"Epoch {i:3d} | Train Loss: {2.0 - i / 1000:.4f} | Test Loss: 2.10 | lr 1e-4" for i in range(40)]
+    lines += [f"Epoch {40 + i:3d} | Train Loss: {13.8 + i / 100:.4f} | Test Loss: 2.10 | lr 1e-4" for i in range(20)]
+    d = _diagnose(diagnoser, lines)
+    assert d.root.entry.id == "loss-spike" and d.root.first.line == 41
+    tested = [f"Epoch {i:3d} | Training loss: 2.00 | Test Loss: {2.0 if i < 40 else 14.0:.2f}" for i in range(60)]
+    assert _finding(_diagnose(diagnoser, tested), "loss-spike") is None
