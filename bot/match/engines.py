@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, replace
-from importlib.metadata import version
 from typing import Protocol
 
 import re2
@@ -93,7 +92,7 @@ def _cached_hyperscan_db(patterns: list[Pattern], prefilter: bool) -> "hyperscan
     Keyed by the patterns, their flags and the hyperscan version, under XDG_CACHE_HOME; any problem
     with the cache only means compiling again.
     """
-    key = hashlib.sha256(repr((version("hyperscan"), prefilter, [(p.regex, p.ignorecase, p.first_only) for p in patterns])).encode())
+    key = hashlib.sha256(repr((hyperscan.__version__, prefilter, [(p.regex, p.ignorecase, p.first_only) for p in patterns])).encode())
     path = cache_dir() / f"hyperscan-{key.hexdigest()[:24]}.db"
     try:
         db = hyperscan.loadb(path.read_bytes(), hyperscan.HS_MODE_BLOCK)
