@@ -227,3 +227,15 @@ def test_capitalised_train_loss_columns_are_read_and_test_loss_is_not(diagnoser)
     assert d.root.entry.id == "loss-spike" and d.root.first.line == 41
     tested = [f"Epoch {i:3d} | Training loss: 2.00 | Test Loss: {2.0 if i < 40 else 14.0:.2f}" for i in range(60)]
     assert _finding(_diagnose(diagnoser, tested), "loss-spike") is None
+
+
+def test_a_fairseq_scale_that_keeps_rising_back_from_half_is_no_collapse(diagnoser):
+    lines = []
+    for epoch, scale in enumerate([0.5, 1.0, 1.0, 0.5, 1.0, 0.5, 1.0, 0.5]):
+        if scale == 0.5:
+            lines.append("| WARNING: overflow detected, setting loss scale to: 0.5")
+        lines.append(f"| epoch {51 + epoch:03d} | loss {3.62 - epoch / 200:.3f} | nll_loss 1.919 | ppl 3.78 | "
+                     f"num_updates {12960 + 255 * epoch} | gnorm 0.279 | clip 0% | oom 0 | loss_scale {scale:.3f} | wall 19720")
+    assert _finding(_diagnose(diagnoser, lines), "fp16-loss-scale") is None
+    collapsed = lines + [f"| WARNING: overflow detected, setting loss scale to: {0.5 / 2 ** i:g}" for i in range(1, 6)]
+    assert _diagnose(diagnoser, collapsed).root.entry.id == "fp16-loss-scale"

@@ -169,6 +169,7 @@ class Summary:
         self.scale_max = 0.0
         self.scale_last: float | None = None
         self.floor: Quote | None = None
+        self.recovered_from = math.inf  # the lowest scale at the floor that it rose again from
         self.skipped = [0.0, 0.0]  # Megatron: skipped and iterations, after calibration
         self.ds_first: tuple[float, float] | None = None  # DeepSpeed (step, skipped) after calibration
         self.ds_last: tuple[float, float] | None = None
@@ -203,11 +204,7 @@ class Summary:
                 self.intervals.append(value - self._window_iteration)
             self._iteration = self._window_iteration = value
         elif name == SCALE and math.isfinite(value):
-            # at the floor from higher; below 1 it can only have got there by repeated overflows
-            if (value < SCALE_FLOOR or value <= SCALE_FLOOR < self.scale_max) and self.floor is None:
-                self.floor = quote()
-            self.scale_max = max(self.scale_max, value)
-            self.scale_last = value
+            self._scale(value, quote)
         elif name == SKIPPED and self._iteration is not None and self._iteration > CALIBRATION_ITERATIONS:
             self.skipped[0] += value
             self.skipped[1] += 1
@@ -223,6 +220,19 @@ class Summary:
             if value > self.ds_first[1] and self.skip_quote is None:
                 self.skip_quote = quote()
         return False
+
+    def _scale(self, value: float, quote: Callable[[], Quote]) -> None:
+        if self.floor is not None and self.scale_last is not None and value > self.scale_last:
+            # It rose again from the floor: steps went through at that scale (fairseq bouncing
+            # between 0.5 and 1 for epochs). Only a fall below the lowest level it came back
+            # from is a collapse after that.
+            self.floor = None
+            self.recovered_from = min(self.scale_last, self.recovered_from)
+        at_floor = value < SCALE_FLOOR or value <= SCALE_FLOOR < self.scale_max  # below 1 only by repeated overflows
+        if at_floor and self.floor is None and value < self.recovered_from:
+            self.floor = quote()
+        self.scale_max = max(self.scale_max, value)
+        self.scale_last = value
 
     def refined(self, quote: Quote, value: float) -> None:
         """The first loss past the threshold, found in the lines before the window that saw the turn."""
