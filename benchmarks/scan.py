@@ -5,7 +5,8 @@
     python benchmarks/scan.py --logs dense --runs 5
 
 The logs (synthetic, multi-rank, the planted CUDA OOM near the end of each):
-- clean: progress bars, Megatron iteration lines, NCCL INFO, warnings; almost no line matches.
+- clean: progress bars (tqdm's carriage-return updates), Megatron iteration lines, NCCL INFO,
+  warnings; almost no line matches.
 - dense: the same with about 1 line in 20 matching a fingerprint or a marker, spread over the
   whole file, in the shapes real jobs print thousands of times: every rank's "saving checkpoint"
   and "successfully saved checkpoint", DeepSpeed's allocator cache flushes, wandb's network
@@ -63,10 +64,10 @@ def _noise_line(rng: random.Random, r: int, it: int) -> str:
                 f"65536.0 | grad norm: {rng.uniform(0.2, 0.6):.3f} | number of skipped iterations:   0 |")
     if kind < 0.55:
         return f"node{r // 4:02d}:{40000 + r}:{41000 + r} [{r}] NCCL INFO Channel {rng.randrange(32):02d}/32 : {r}[{r}] -> {(r + 1) % 8}[{(r + 1) % 8}] via P2P/IPC/read"
-    if kind < 0.75:
-        pct = rng.randrange(100)
-        return (f"[default{r}]:Training: {pct:3d}%|{'#' * (pct // 10):10s}| {pct * 50}/5000 [12:{pct % 60:02d}<08:{(99 - pct) % 60:02d},"
-                f"  1.21it/s, loss={rng.uniform(1, 3):.3f}]")
+    if kind < 0.75:  # two updates of a bar, as tqdm writes them to a file: a carriage return between
+        pct = rng.randrange(99)
+        return "\r".join(f"[default{r}]:Training: {p:3d}%|{'#' * (p // 10):10s}| {p * 50}/5000 [12:{p % 60:02d}<08:{(99 - p) % 60:02d},"
+                          f"  1.21it/s, loss={rng.uniform(1, 3):.3f}]" for p in (pct, pct + 1))
     if kind < 0.9:
         return (f"[rank{r}]:[W1010 06:{rng.randrange(60):02d}:{rng.randrange(60):02d}.{rng.randrange(10**6):06d} reducer.cpp:1400] "
                 "Warning: Grad strides do not match bucket view strides. This may indicate grad was not created according to the gradient layout contract")
