@@ -6,6 +6,7 @@ import pytest
 from conftest import ENGINES, entry_yaml, write_entries
 
 from bot.engine.diagnose import Diagnoser
+from bot.engine import scan
 from bot.engine.scan import EVIDENCE_CHARS
 from bot.kb.load import load
 from bot.sources.files import diagnose_streams
@@ -198,3 +199,15 @@ def test_a_job_of_rank_files_keeps_its_first_and_last_hits_and_every_rank(tiny_k
     assert len(last) >= 4 and last[-4:] == [(5, "500"), (5, "501"), (5, "502"), (5, "503")]
     assert fph.ranks == set(range(6))
     assert fph.count >= 24
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_rank_is_counted_after_one_rank_repeated_a_thousand_times(tiny_kb, engine):
+    """Spread reads slow down once repeats stop naming new ranks (every SPREAD_EVERY-th is read), and
+    read every line again from the first new rank one of those finds: fewer than SPREAD_EVERY are missed."""
+    lines = [f"[rank0]: KABOOM at step {i}" for i in range(3000)]
+    lines += [f"[rank{r}]: KABOOM at step {5000 + r}" for r in range(1, 300)]
+    d = _diagnose(tiny_kb, ("\n".join(lines) + "\n").encode(), engine)
+    (fph,) = (fph for fp, fph in d.scan.hits.items() if fp.entry == "boom")
+    assert fph.count == 3299 and fph.ranks <= set(range(300))
+    assert len(fph.ranks) > 300 - scan.SPREAD_EVERY and set(range(20, 300)) <= fph.ranks

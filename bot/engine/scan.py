@@ -32,7 +32,9 @@ HEAD_BYTES = 2000  # the start of a kept line, read for its rank, host and time
 EVIDENCE_CHARS = 400
 KEEP_HITS = 5  # first and last hits kept per fingerprint
 KEEP_SPREAD = 4096  # distinct ranks/hosts remembered per fingerprint
-SPREAD_ALL, SPREAD_EVERY = 1024, 16  # a file's first repeats each give their rank/host, then every 16th
+# Each repeat of a fingerprint gives its rank/host until SPREAD_STALE reads in a row added none
+# (a per-rank file names one rank; an interleaved 1,024-rank log keeps naming new ones), then every 16th.
+SPREAD_STALE, SPREAD_EVERY = 64, 16
 KEEP_ERRORS = 3
 KEEP_EXCEPTIONS = 8  # last exception lines kept: wrappers print several after the child's own
 ITERATION_LOOKBACK = (1 << 10, 8 << 10, 512 << 10)  # windows searched back for the iteration line before a kept line
@@ -205,6 +207,7 @@ class _File:
     def __init__(self, n_fingerprints: int, file_no: int, kept: dict[int, int] | None = None) -> None:
         self.file = file_no
         self.count = [0] * n_fingerprints
+        self.stale = [0] * n_fingerprints  # spread reads in a row that added no rank or host
         # confirmed first lines still wanted: a job keeps KEEP_HITS in all, so the files before
         # this one (`kept`, by fingerprint) may have found them already
         self.need = [KEEP_HITS] * n_fingerprints
@@ -447,11 +450,10 @@ class Scanner:
                     continue
                 count[pid] += 1
                 last.setdefault(pid, []).append((start, end))
-                if count[pid] <= SPREAD_ALL or count[pid] % SPREAD_EVERY == 0:
+                if st.stale[pid] < SPREAD_STALE or count[pid] % SPREAD_EVERY == 0:
                     if spread is None:
                         spread = self._read_spread(data, start, stop)
-                    if spread:
-                        self._spread(st, pid, spread)
+                    self._spread(st, pid, spread)
             elif kind == markers.CHECKPOINT:
                 checkpoints.append(start)
             elif kind == markers.EXCEPTION:
@@ -510,9 +512,10 @@ class Scanner:
         st.count[pid] += len(confirmed) + len(repeats)
         if repeats:
             last[pid] = [(start, end) for start, end, _ in repeats]
-            for start, _end, stop in repeats[:SPREAD_ALL]:
-                if spread := self._read_spread(data, start, stop):
-                    self._spread(st, pid, spread)
+            for start, _end, stop in repeats:
+                if st.stale[pid] >= SPREAD_STALE:
+                    break
+                self._spread(st, pid, self._read_spread(data, start, stop))
         return [(lines[i][0], lines[i][1], pid, _FINGERPRINT) for i in confirmed]
 
     @staticmethod
@@ -522,7 +525,9 @@ class Scanner:
 
     @staticmethod
     def _spread(st: _File, pid: int, spread: tuple) -> None:
-        rank, host = spread
+        """Add a line's (rank, host) to its fingerprint's spread (`()`: the line names neither)."""
+        rank, host = spread or (None, None)
+        before = len(st.ranks.get(pid, ())) + len(st.hosts.get(pid, ()))
         if rank is not None:
             ranks = st.ranks.setdefault(pid, set())
             if len(ranks) < KEEP_SPREAD:
@@ -531,6 +536,8 @@ class Scanner:
             hosts = st.hosts.setdefault(pid, set())
             if len(hosts) < KEEP_SPREAD:
                 hosts.add(host.decode())
+        grew = len(st.ranks.get(pid, ())) + len(st.hosts.get(pid, ())) > before
+        st.stale[pid] = 0 if grew else st.stale[pid] + 1
 
     @staticmethod
     def _keep(kept, data, cut: int, st: _File, progress: _Progress, lines: _Lines) -> None:
