@@ -146,6 +146,14 @@ def _patterns(kb) -> tuple[list[str], list[str]]:
     return ere, rust
 
 
+def _env(engine: str) -> dict[str, str]:
+    """The environment trainmedic runs in: the engine forced, and bytecode written and reused as an
+    installed package has it (a machine that sets PYTHONDONTWRITEBYTECODE would otherwise time
+    compiling our modules on every start, ~0.1 s, which no pip install pays)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "TRAINMEDIC_ENGINE": engine, "PYTHONPATH": str(ROOT)}
+
+
 def _run(cmd: list[str], env: dict | None = None) -> tuple[float, float, int]:
     """(wall seconds, CPU seconds of it and its children, peak RSS in MiB of the largest process)."""
     start = time.perf_counter()
@@ -185,7 +193,7 @@ def _tools(paths: list[Path], mb: float, runs: int, grep_runs: int, pattern_file
     ere, rust = pattern_files
     trainmedic = [sys.executable, "-m", "bot.cli", "diagnose", "--format", "json", "--no-record", *map(str, paths)]
     for engine in ("hyperscan", "re2"):
-        env = {**os.environ, "TRAINMEDIC_ENGINE": engine, "PYTHONPATH": str(ROOT)}
+        env = _env(engine)
         try:
             _row(f"trainmedic diagnose ({engine})", mb, *_measure(trainmedic, runs, env))
         except RuntimeError as exc:
@@ -210,7 +218,7 @@ def _paste(kb, dense: Path, tmp: Path, runs: int) -> None:
     _header(f"paste: {len(data) / 1e6:.1f} MB of the dense log over a one-line log")
     cmd = [sys.executable, "-m", "bot.cli", "diagnose", "--format", "json", "--no-record"]
     for engine in ("hyperscan", "re2"):
-        env = {**os.environ, "TRAINMEDIC_ENGINE": engine, "PYTHONPATH": str(ROOT)}
+        env = _env(engine)
         # A start-up (0.3-0.5 s) is far noisier than the difference: many runs, taken in turn.
         pairs = [(_run(cmd + [str(paste)], env), _run(cmd + [str(one)], env)) for _ in range(max(runs, 15))]
         big_wall, small_wall = [b[0] for b, _ in pairs], [s[0] for _, s in pairs]
@@ -256,7 +264,7 @@ def main() -> None:
     warm.write_text("warm the caches\n")
     for engine in ("hyperscan", "re2"):  # the first start after an entry changed compiles and validates
         _run([sys.executable, "-m", "bot.cli", "diagnose", "--no-record", str(warm)],
-             {**os.environ, "TRAINMEDIC_ENGINE": engine, "PYTHONPATH": str(ROOT)})
+             _env(engine))
     print(f"{len(kb.fingerprints)} fingerprints + {len(markers.LINE_MARKERS)} markers, {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.2f}")
 
