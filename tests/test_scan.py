@@ -65,6 +65,18 @@ def test_carriage_returns_of_progress_bars_start_lines_but_do_not_count(tiny_kb,
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_a_chunk_after_a_longer_one_with_carriage_returns_is_read_from_its_own_bytes(tiny_kb, engine):
+    # the newline copy of a chunk goes to a buffer kept between chunks, still holding the first
+    # chunk's bytes past the second one's end
+    first = b"".join(b"%d\r" % i for i in range(100)) + b"KABOOM at step 1\n"
+    second = b"x\rKABOOM at step 2\n"
+    d = _diagnose(tiny_kb, first + second, engine, chunk=len(first) + 4)
+    assert [h.line for h in d.root.hits] == [1, 2]
+    assert [h.text[-1] for h in d.root.hits] == ["1", "2"]
+    assert d.scan.hits[d.root.first.fingerprint].count == 2
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_crlf_and_cr_only_files(tiny_kb, engine):
     crlf = b"a\r\nb\r\nKABOOM at step 3\r\n"
     assert _diagnose(tiny_kb, crlf, engine).root.first.line == 3
