@@ -26,7 +26,7 @@ from bot.engine.redact import clip, redact
 from bot.kb.load import Fingerprint, KnowledgeBase
 from bot.match import engines
 
-CHUNK_BYTES = 16 << 20
+CHUNK_BYTES = 8 << 20  # with its carriage-return copy (_without_cr), 16 MiB of buffers a scanner
 WINDOW_BEFORE, WINDOW_AFTER = 3 << 10, 1 << 10  # bytes of a long line kept around a report
 HEAD_BYTES = 2000  # the start of a kept line, read for its rank, host and time
 EVIDENCE_CHARS = 400
