@@ -3,7 +3,7 @@
 The scan hands every chunk of a file to `Series.read`, which reads values from windows of it: every
 progress line of the first FULL_BYTES of the file, then the first WINDOW_LINES progress lines of
 a window every `position / WINDOWS_PER_E` bytes (about WINDOWS_PER_E windows for each e-fold of
-the file's size: some 40 in a 5 MB paste, 80 in a 2 GB log), and the end of every chunk. Each
+the file's size: some 30 in a 5 MB paste, 56 in a 2 GB log), and the end of every chunk. Each
 window is scanned by a small engine of its own (the keys below). What is kept is a summary
 (running levels, counters, the few lines a judgement quotes), whatever the log's size; a value
 read is a report, a float() and a comparison or two.
@@ -41,7 +41,7 @@ from bot.match import engines
 FULL_BYTES = 8 << 10
 WINDOW_BYTES = 1 << 10
 WINDOW_LINES = 3
-WINDOWS_PER_E = 6
+WINDOWS_PER_E = 4
 CHUNK_TAIL_BYTES = 1 << 10
 MAX_REFINES = 8  # turns a file may look for in the lines between two windows
 TIMED_LINES = 2  # progress lines of a window read for their time (one gap a window is enough)
