@@ -144,7 +144,9 @@ class ScoreReport:
 
     @property
     def false_alarms(self) -> list[Scored]:
-        return [c for c in self.cases if c.want == "none" and c.got is not None]
+        """Healthy logs answered with an entry their label does not accept (also_ok may name one:
+        a healthy run that did log a real, recovered warning)."""
+        return [c for c in self.cases if c.want == "none" and not c.right]
 
 
 def _want(label: dict) -> str:

@@ -230,3 +230,13 @@ def test_kb_score_counts_a_null_root_as_a_healthy_log(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert b"failing logs: top-1 1/1 (100%)" in proc.stdout
     assert b"healthy logs: 0 false alarms of 2" in proc.stdout
+
+
+def test_kb_score_counts_a_healthy_log_answered_as_its_label_allows_as_no_false_alarm(tmp_path):
+    write(tmp_path / "oom.log", OOM_LOG)
+    write(tmp_path / "ok.log", OOM_LOG)
+    write(tmp_path / "labels.yaml", "- {case: oom.log, root: none}\n"
+                                    "- {case: ok.log, root: none, also_ok: [slurm-cgroup-oom]}\n")
+    proc = run_cli("kb", "score", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert b"healthy logs: 1 false alarms of 2" in proc.stdout
