@@ -183,8 +183,20 @@ def _read_file(path: Path) -> dict[str, str]:
 
 
 def cache_dir() -> Path:
-    """Where compiled engines and validated entries are cached (XDG_CACHE_HOME, else ~/.cache)."""
+    """Where compiled engines, validated entries and redaction rules are cached (XDG_CACHE_HOME, else ~/.cache)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainmedic"
+
+
+def write_cache(path: Path, data: bytes) -> None:
+    """Write a cache file whole, so that no reader sees half of one. A cache that cannot be written
+    (a read-only home) is not an error: what it holds is worked out again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    except OSError:
+        pass
 
 
 def settings_help() -> str:

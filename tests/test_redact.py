@@ -200,3 +200,35 @@ def test_the_last_checkpoint_shown_with_a_failure_leaks_nothing(kb, fmt):
         out = "\n".join(_outputs(d, None))
         pieces = pieces_of(parts + [urllib.parse.quote(p, safe="") for p in parts])
         assert not [p for p in pieces if p in out], d.progress
+
+
+_PLUGIN_PROBE = """
+import sys
+from bot.engine import redact
+redact.prepare()
+plain = redact.redact("[rank0]: iteration 10/ 100 | lm loss: 2.31 | grad norm: 0.4 |")
+before = "detect_secrets" in sys.modules
+key = redact.redact("exported AKIA2E0A8F3B244C9986 to the job env")
+print(before, "detect_secrets" in sys.modules, plain.endswith("0.4 |"), key)
+"""
+
+
+def test_detect_secrets_is_imported_only_when_one_of_its_rules_runs_and_its_cache_can_be_rebuilt(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+
+    def probe() -> list[str]:
+        proc = subprocess.run([sys.executable, "-c", _PLUGIN_PROBE], capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.split()
+
+    first = probe()  # no cache yet: the plugins are imported to read their patterns
+    assert first[:3] == ["True", "True", "True"] and MASK in " ".join(first) and "AKIA2E0A" not in " ".join(first)
+    [cache] = (tmp_path / "trainmedic").glob("redact-plugins-*.json")
+    assert probe()[:3] == ["False", "True", "True"]  # a plain line runs no plugin rule; an AWS key does
+    cache.write_text("{not json")
+    again = probe()
+    assert again[:3] == ["True", "True", "True"] and MASK in " ".join(again) and json.loads(cache.read_text())

@@ -24,6 +24,10 @@ cost of a line is linear in its length whatever it holds.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib
+import importlib.util
+import json
 import math
 import re
 import urllib.parse
@@ -31,11 +35,11 @@ from collections import Counter
 from collections.abc import Callable
 from functools import lru_cache
 from itertools import pairwise
+from pathlib import Path
 
 import re2
-from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
-from detect_secrets.filters.heuristic import is_potential_uuid, is_sequential_string
-from detect_secrets.plugins.base import RegexBasedDetector
+
+from bot.config import cache_dir, write_cache
 
 MASK = "[REDACTED]"
 
@@ -109,6 +113,16 @@ _MARGIN = 2048  # overlap of blocks, and the context kept around a clipped windo
 
 
 _ML = [re.compile(p, re.DOTALL) for p in ML_FORMATS.values()]
+_UUID = re.compile(r"(?i)[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# Runs of consecutive characters that docs and templates use as fake keys (`ABCDEFGH`, `0123456789`,
+# `XYZ012`), in the orders base64, alphanumeric and hex alphabets list them, going round.
+_RUNS = tuple(run * 2 for run in ("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+/", "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+                                   "0123456789ABCDEF", "ABCDEFGHIJKLMNOPQRSTUVWXYZ=/"))
+
+
+def _sequential(value: str) -> bool:
+    upper = value.upper()
+    return any(upper in run for run in _RUNS)
 
 
 def _entropy(text: str) -> float:
@@ -124,7 +138,7 @@ def _is_placeholder(value: str) -> bool:
     core = re.sub(r"^[a-z]{2,5}[_-]|[^A-Za-z0-9]", "", value)  # drop a format prefix (xoxb-, hf_) and separators
     if _PLACEHOLDER.search(value) or value.lower() in _NOT_VALUES:
         return True
-    return len(core) < 4 or len(set(core)) <= 3 or is_sequential_string(core)
+    return len(core) < 4 or len(set(core)) <= 3 or _sequential(core)
 
 
 def _not_a_value(value: str) -> bool:
@@ -174,7 +188,7 @@ def looks_random(token: str, min_len: int = 20) -> bool:
     token = (urllib.parse.unquote(token) if "%" in token else token).strip("=")
     if len(token) < min_len or token.islower() or token.isupper() or not any(c.isalpha() for c in token):
         return False  # a path, a name or a number in one case: the common case, decided cheaply
-    if is_potential_uuid(token) or _is_placeholder(token) or _MANGLED.match(token):
+    if _UUID.search(token) or _is_placeholder(token) or _MANGLED.match(token):
         return False
     if _path_like(token):
         return any(looks_random(part, 12) for part in token.split("/") if part != token)
@@ -253,7 +267,7 @@ def _base64_line(token: str) -> bool:
 def _continuation(token: str) -> bool:
     if token.islower() and token[0] not in "0123456789abcdef" and "-" not in token and "_" not in token:
         return False  # a lower-case word or name (a hex end starts with a hex digit)
-    if is_potential_uuid(token) or "=" in token.rstrip("="):
+    if _UUID.search(token) or "=" in token.rstrip("="):
         return False  # a UUID, or `SeqNum=638775`
     if any(_hexish(part, 12) for part in re.split(r"[-_]", token)) or looks_random(token, 8):
         return True
@@ -283,11 +297,47 @@ def _wandb_keys(text: str, line_start: bool) -> list[tuple[int, int]]:
     return [m.span() for m in _HEX_KEY.finditer(text) if len(m.group()) == 40]
 
 
-def _detector(detector: RegexBasedDetector) -> Callable[[str, bool], list[tuple[int, int]]]:
-    def run(text: str, line_start: bool) -> list[tuple[int, int]]:
-        values = set(detector.analyze_string(text))
+class _Plugin:
+    """A detect-secrets regex plugin's rule, the plugin imported when the rule first runs: importing
+    detect-secrets and its plugins takes some 200 ms (requests, and 120 regexes compiled), which a
+    CLI run would pay for every log, and most logs hold no line that one of its rules runs for."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self._module, self._name = module, name
+        self._detector = None
+
+    def load(self) -> None:
+        if self._detector is None:
+            self._detector = getattr(importlib.import_module(self._module), self._name)()
+
+    def __call__(self, text: str, line_start: bool) -> list[tuple[int, int]]:
+        self.load()
+        values = set(self._detector.analyze_string(text))
         return [m.span() for v in values for m in re.finditer(re.escape(v), text)]
-    return run
+
+
+def _plugin_patterns() -> list[tuple[str, str, list[str]]]:
+    """(module, class, loosened patterns) of each detect-secrets regex plugin. Reading them means
+    importing every plugin, so they are cached for as long as this module and the plugins' source
+    files stay the same."""
+    folder = Path(importlib.util.find_spec("detect_secrets").origin).parent / "plugins"
+    key = hashlib.sha256(Path(__file__).read_bytes())
+    for source in sorted(folder.glob("*.py")):
+        key.update(source.name.encode() + source.read_bytes())
+    path = cache_dir() / f"redact-plugins-{key.hexdigest()[:24]}.json"
+    try:
+        cached = json.loads(path.read_text())
+        return [(str(module), str(name), [str(p) for p in patterns]) for module, name, patterns in cached]
+    except (OSError, ValueError, TypeError):
+        pass  # none yet, or unreadable: read the plugins
+    from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
+    from detect_secrets.plugins.base import RegexBasedDetector
+
+    found = [(plugin.__module__, plugin.__name__, [_loosened(regex) for regex in plugin().denylist])
+             for plugin in get_mapping_from_secret_type_to_class().values()
+             if issubclass(plugin, RegexBasedDetector) and plugin.secret_type not in _NOT_SECRETS]
+    write_cache(path, json.dumps(found).encode())
+    return found
 
 
 def _format(pattern: re.Pattern) -> Callable[[str, bool], list[tuple[int, int]]]:
@@ -302,8 +352,9 @@ def _loosened(pattern: re.Pattern) -> str:
     if pattern.flags & re.VERBOSE:
         source = re.sub(r"#[^\n]*|\s+", "", source)
     source = _LOOKAROUND.sub("", source)
-    # counted repeats cut to at most 3: counters multiply the states of the set's DFA and slow the pass
-    source = re.sub(r"\{(\d+)(?:,\d*)?\}", lambda m: f"{{{min(int(m.group(1)), 3)},}}", source)
+    # counted repeats cut to at most 8: a counter multiplies the states of the set's DFA, and cut lower
+    # a pattern gets loose (a Telegram token's `\d{8,10}:` as `\d{3,}:` is every NCCL line's `pid:tid`)
+    source = re.sub(r"\{(\d+)(?:,\d*)?\}", lambda m: f"{{{min(int(m.group(1)), 8)},}}", source)
     return ("(?is)" if pattern.flags & re.IGNORECASE else "(?s)") + source
 
 
@@ -311,27 +362,28 @@ def _loosened(pattern: re.Pattern) -> str:
 def _rules() -> tuple[re2._Set, list[Callable[[str, bool], list[tuple[int, int]]]]]:
     """Every rule with the RE2 pattern that says when it is worth running; one RE2 set pass over a
     line picks the few rules to run (most lines hold no secret, and no rule runs for them)."""
-    rules: list[tuple[re.Pattern, Callable]] = []
-    plugins = get_mapping_from_secret_type_to_class().values()
-    for plugin in plugins:
-        if issubclass(plugin, RegexBasedDetector) and plugin.secret_type not in _NOT_SECRETS:
-            detector = plugin()
-            rules += [(regex, _detector(detector)) for regex in detector.denylist]
-    rules += [(p, _format(p)) for p in _ML]
-    rules += [(p, _assignments(p)) for p in (_ASSIGN, _FLAG, _SCHEME, _PROSE)]
-    rules += [(_USERINFO, _userinfo), (_TOKEN, _random_tokens), (_LINE_START, _line_starts), (_CUT_AT_END, _cut_at_end),
-              (_HEX_KEY, _wandb_keys)]
+    rules: list[tuple[str, Callable]] = []
+    for module, name, patterns in _plugin_patterns():
+        plugin = _Plugin(module, name)
+        rules += [(pattern, plugin) for pattern in patterns]
+    ours = [(p, _format(p)) for p in _ML] + [(p, _assignments(p)) for p in (_ASSIGN, _FLAG, _SCHEME, _PROSE)]
+    ours += [(_USERINFO, _userinfo), (_TOKEN, _random_tokens), (_LINE_START, _line_starts), (_CUT_AT_END, _cut_at_end),
+             (_HEX_KEY, _wandb_keys)]
+    rules += [(_loosened(pattern), run) for pattern, run in ours]
     prefilter = re2.Set.SearchSet(re2.Options())
     for pattern, _ in rules:
-        prefilter.Add(_loosened(pattern))
+        prefilter.Add(pattern)
     prefilter.Compile()
     return prefilter, [run for _, run in rules]
 
 
-def prepare() -> None:
-    """Build the rules now: importing detect-secrets' plugins and compiling the set takes some
-    20 ms, which would otherwise fall on the first line redacted (a bot worker's first reply)."""
-    _rules()
+def prepare(plugins: bool = False) -> None:
+    """Build the rules now, not on the first line redacted; with `plugins`, import detect-secrets'
+    plugins too (a long-lived process: a bot worker, whose first reply should not wait for them)."""
+    _, runs = _rules()
+    for run in runs if plugins else ():
+        if isinstance(run, _Plugin):
+            run.load()
 
 
 def _whole(text: str, start: int, end: int) -> tuple[int, int]:

@@ -13,7 +13,7 @@ import yaml
 
 import knowledge as shipped
 from bot import __version__
-from bot.config import cache_dir
+from bot.config import cache_dir, write_cache
 from bot.kb import xids as xid_table
 from bot.match import engines
 
@@ -184,13 +184,7 @@ class _ValidatedCache:
     def save(self) -> None:
         if self._new.keys() == self._old.keys():
             return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self._new))
-            tmp.replace(self.path)
-        except OSError:
-            pass  # a read-only home only costs the next load its validation time
+        write_cache(self.path, json.dumps(self._new).encode())
 
 
 def _load_file(path: Path, cache: _ValidatedCache) -> Entry:

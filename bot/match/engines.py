@@ -17,7 +17,7 @@ from typing import Protocol
 
 import re2
 
-from bot.config import cache_dir
+from bot.config import cache_dir, write_cache
 from bot.match import literals
 
 try:  # the wheel only exists for some platforms: see pyproject.toml
@@ -104,13 +104,7 @@ def _cached_hyperscan_db(patterns: list[Pattern], prefilter: bool) -> "hyperscan
         common = _CommonText()
         patterns = [_prefilter(p, common) for p in patterns]
     db = _hyperscan_db(patterns)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(hyperscan.dumpb(db))
-        tmp.replace(path)
-    except OSError:
-        pass
+    write_cache(path, hyperscan.dumpb(db))
     return db
 
 

@@ -27,11 +27,13 @@ _diagnoser: Diagnoser | None = None
 
 def _init(parent: int) -> None:
     global _diagnoser
+    from bot.engine import redact
     from bot.kb.load import load
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with, args=(parent,), name="parent-watch", daemon=True).start()
     _diagnoser = Diagnoser(load())
+    redact.prepare(plugins=True)
 
 
 def _exit_with(parent: int) -> None:
