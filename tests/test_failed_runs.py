@@ -117,6 +117,7 @@ def test_a_killed_word_mid_run_is_not_a_death(diagnoser):
     (-9, "Signal 9 (SIGKILL)", "host-oom-kill", "low"),  # a kill from outside: most often the OOM killer
     (-11, "Signal 11 (SIGSEGV)", "segfault", "medium"),  # the child did segfault; where is the question
     (-6, "Signal 6 (SIGABRT)", "process-aborted", "low"),
+    (-15, "Signal 15 (SIGTERM)", "job-cancelled", "low"),  # terminated from outside: then look for who
 ])
 def test_the_exit_code_in_torchruns_table_names_how_the_child_died(diagnoser, code, signal, entry, confidence):
     table = TABLE.format(code=code).replace(
@@ -244,3 +245,21 @@ def test_an_exception_whose_traceback_was_cut_off_counts_when_the_launcher_repor
     assert d.root is not None and d.root.entry.id == "python-user-code-error"
     assert d.root.groups["exception"] == "FileExistsError"
     assert diagnoser.diagnose_text(PROGRESS + cut).root is None  # no traceback and no failure report
+
+
+@pytest.mark.parametrize("ending", [
+    "torch.distributed.elastic.multiprocessing.api.SignalException: Process 4242 got signal: 15",
+    "KeyboardInterrupt",
+])
+def test_a_run_stopped_from_outside_is_a_cancellation_not_a_code_error(diagnoser, ending):
+    log = (PROGRESS + "Traceback (most recent call last):\n  File \"/usr/bin/torchrun\", line 8, in <module>\n"
+           "    sys.exit(main())\n" + ending + "\n")
+    d = diagnoser.diagnose_text(log)
+    assert d.root is not None and d.root.entry.id == "job-cancelled" and d.confidence == "low"
+    assert "python-user-code-error" not in {f.entry.id for f in d.findings}
+
+
+def test_a_sigterm_after_the_time_limit_is_the_time_limit(diagnoser):
+    log = (PROGRESS + "slurmstepd: error: *** JOB 88120 ON gpu-b11 CANCELLED AT 2024-02-10T06:00:12 DUE TO TIME LIMIT ***\n"
+           "torch.distributed.elastic.multiprocessing.api.SignalException: Process 9120 got signal: 15\n")
+    assert diagnoser.diagnose_text(log).root.entry.id == "slurm-time-limit"

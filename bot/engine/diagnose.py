@@ -312,12 +312,13 @@ def _initiating(root: _EntryHits, start: Hit, present: dict[str, _EntryHits]) ->
     """Rank and host of the root's first hit `start`; failing that, what a launcher's failure summary
     names (torchrun's "Root Cause" table: `rank : 3`, `host : node12`; a `local_rank` elsewhere is not
     the rank), then the root's other hits and the lines printed right after it (slurmstepd names no
-    node, `srun: error: node: task N` does)."""
+    node, `srun: error: node: task N` does). When `start` is a launcher's own line (the signal it
+    reports is the only evidence), its table comes first: that line names a local rank."""
     nearby = sorted((h for eh in present.values() for h in eh.hits
                      if h.file == start.file and start.line <= h.line <= start.line + NEARBY_LINES), key=lambda h: h.order)
     summary = [h for eh in present.values() if eh.entry.wrapper for h in eh.hits]
-    ranks = [start.rank] + [int(h.groups["rank"]) for h in summary if h.groups.get("rank", "").isdigit()] \
-        + [h.rank for h in root.hits + nearby]
+    table = [int(h.groups["rank"]) for h in summary if h.groups.get("rank", "").isdigit()]
+    ranks = (table + [start.rank] if start in summary else [start.rank] + table) + [h.rank for h in root.hits + nearby]
     hosts = [start.host] + [h.groups.get("node") for h in summary] + [h.host for h in root.hits + nearby]
     rank = next((r for r in ranks if r is not None), None)
     host = next((h for h in hosts if h), None)
