@@ -81,8 +81,8 @@ def test_several_files_are_one_job(tmp_path):
 
 
 def test_nothing_found_is_said_plainly(tmp_path):
-    # An error line with no traceback and no known fingerprint: nothing to name, the lines to read.
-    log = write(tmp_path / "x.log", "starting\nwarmup done\nWeirdLibError: flux capacitor\n")
+    # An error line with no traceback, no known fingerprint and a log that goes on: nothing to name, the lines to read.
+    log = write(tmp_path / "x.log", "starting\nwarmup done\nWeirdLibError: flux capacitor\nretrying\nretrying\nretrying\n")
     proc = run_cli("diagnose", str(log))
     assert proc.returncode == 0
     text = proc.stdout.decode()

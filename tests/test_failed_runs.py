@@ -205,8 +205,8 @@ RuntimeError: expected scalar type Half but found Float
     d = diagnoser.diagnose_text(PROGRESS + rich)
     assert d.root is not None and d.root.entry.id == "python-user-code-error"
     assert d.root.first.text.startswith("RuntimeError: expected scalar type Half")
-    # without the frame arrow the same lines are no traceback: an error line alone is not a crash
-    assert diagnoser.diagnose_text(PROGRESS + rich.replace("❱", " ")).root is None
+    # without the frame arrow the same lines are no traceback: an error line the run went on after is no crash
+    assert diagnoser.diagnose_text(PROGRESS + rich.replace("❱", " ") + PROGRESS).root is None
 
 
 def test_a_bare_exception_under_childfailederror_is_the_answer(diagnoser):
@@ -244,7 +244,21 @@ def test_an_exception_whose_traceback_was_cut_off_counts_when_the_launcher_repor
     d = diagnoser.diagnose_text(PROGRESS + cut + srun)
     assert d.root is not None and d.root.entry.id == "python-user-code-error"
     assert d.root.groups["exception"] == "FileExistsError"
-    assert diagnoser.diagnose_text(PROGRESS + cut).root is None  # no traceback and no failure report
+    # no traceback, no failure report, and the log goes on past its last lines
+    assert diagnoser.diagnose_text(PROGRESS + cut + "retrying with a new folder\n" * 3 + PROGRESS).root is None
+
+
+@pytest.mark.parametrize("last", [
+    "RuntimeError: FlashAttention only supports Ampere GPUs or newer.",
+    "[rank0]: safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge",
+])
+def test_a_paste_that_ends_on_an_uncaught_exception_line_is_answered(diagnoser, last):
+    """Someone pastes the bottom of a log without the traceback: the run ended on that line."""
+    d = diagnoser.diagnose_text(PROGRESS + last + "\n")
+    assert d.root is not None and d.root.entry.id == "python-user-code-error" and d.confidence == "low"
+    assert d.root.first.text == last
+    # a logger's line about an exception is not Python's report of an uncaught one
+    assert diagnoser.diagnose_text(PROGRESS + "ERROR: " + last + "\n").root is None
 
 
 @pytest.mark.parametrize("ending", [

@@ -16,6 +16,8 @@ from bot.history.schema import migrations
 from bot.history.store import History
 from bot.kb.load import load
 
+GOES_ON = "skipping it\n" * 3  # lines after an error line: the log did not end on it
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
@@ -364,9 +366,9 @@ def test_every_group_by_names_a_capture_of_its_fingerprint(kb):
 def test_unknown_failures_are_listed_once_per_distinct_failure_with_their_count(tmp_path, shipped):
     h = History(tmp_path / "h.db")
     for shard, host in ((17, "node1"), (412, "node2"), (9, "node3")):
-        # error lines with no traceback: nothing names them, not even the uncaught-exception fallback
-        h.record(shipped.diagnose_text(f"loading shards\nShardError: shard {shard} on {host} bad\n"), source="cli")
-    other = h.record(shipped.diagnose_text("loading shards\nManifestError: missing index\n"), source="cli")
+        # error lines with no traceback in a log that goes on: nothing names them, not even the uncaught-exception fallback
+        h.record(shipped.diagnose_text(f"loading shards\nShardError: shard {shard} on {host} bad\n{GOES_ON}"), source="cli")
+    other = h.record(shipped.diagnose_text(f"loading shards\nManifestError: missing index\n{GOES_ON}"), source="cli")
     groups = h.unknown_groups()
     assert [(g["count"], g["failure"]) for g in groups] == [(1, "ManifestError: missing index"),
                                                             (3, "ShardError: shard <n> on node<n> bad")]
@@ -398,5 +400,5 @@ def test_a_migration_recomputes_the_signatures_of_a_database_made_by_todays_sche
     assert sigs[3] == "retired-entry:77aa00bb11cc"  # nothing to match it against: kept as it was
     again = h.record(shipped.diagnose_text(_oom(1, "node3", "64.00 MiB", "12.5 MiB")), source="cli")
     assert again["signature"] == sigs[0] and again["count"] == 3 and [p["id"] for p in again["previous"]] == [2, 1]
-    unknown = h.record(shipped.diagnose_text("loading shards\nShardError: shard 99 on node7 bad\n"), source="cli")
+    unknown = h.record(shipped.diagnose_text(f"loading shards\nShardError: shard 99 on node7 bad\n{GOES_ON}"), source="cli")
     assert unknown["signature"] == sigs[2] and unknown["count"] == 2

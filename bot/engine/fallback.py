@@ -6,7 +6,9 @@ Entries that declare a `last-exception` detector (python-user-code-error) take t
 root, when the log shows that the run failed of it: a launcher or the scheduler reported a
 failure after it (a cascade fingerprint hit: ChildFailedError, `srun: error: ... Exited with exit
 code 1`), or it is among the last lines of its file; with no traceback anywhere (a paste that cut
-it off) only the first of these counts. An exception handled in the middle of a
+it off) it counts when a failure is reported after it, or when the log ends on it in the shape
+Python prints an uncaught exception (`RuntimeError: ...` at the line's start, not a logger's
+`ERROR: ...` about one). An exception handled in the middle of a
 healthy run is followed by more training and stays silent; an exception line that a fingerprint
 matched is that entry's to explain, and a wrapper's own exception (ChildFailedError,
 CalledProcessError) is never the answer. When no exception explains it, the signal a wrapper
@@ -24,10 +26,13 @@ from bot.kb.load import KnowledgeBase
 
 LAST_EXCEPTION = "last-exception"
 END_LINES = 40  # an exception this close to the end of its file ended the run
+LAST_LINES = 3  # without a traceback, an exception line must be this close to the end
 IGNORED_LINES = 40  # an exception this close after Python's "Exception ignored in" header is that ignored one
 _IGNORED = re.compile(markers.IGNORED_HEADER)
 # "KeyError: ...", a bare `raise Exception(...)`'s "Exception:", and a repr ("TypeError('...')")
 _TYPE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|Exception))(?=:|\(|\s*$)")
+# Python's last line of an uncaught exception: the type at the start (after a rank prefix)
+_UNCAUGHT = re.compile(r"^(?:\[[^\]\n]{0,40}\]:? ?)*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::|\s*$)")
 
 
 def _matched_lines(result: ScanResult, roles: tuple[str, ...]) -> list[tuple[int, int]]:
@@ -64,10 +69,17 @@ def last_exception(result: ScanResult) -> Marked | None:
             continue  # a wrapper's exception, a line a known entry already explains, an "ignored" header
         if in_blocks(m.file, m.line, blocks):
             return None  # Python reported it as ignored (raised in __del__ or at exit): it ended nothing
-        if not result.tracebacks and not failure_reported_after(m.file, m.line, result):
+        if not result.tracebacks and not failure_reported_after(m.file, m.line, result) \
+                and not _ends_the_log(m, result):
             return None
         return m if ended_the_run(m.file, m.line, result) else None
     return None
+
+
+def _ends_the_log(m: Marked, result: ScanResult) -> bool:
+    """An exception line in Python's uncaught shape among the last lines of its file."""
+    last = result.file_lines[m.file] if m.file < len(result.file_lines) else None
+    return last is not None and m.line > last - LAST_LINES and _UNCAUGHT.match(m.text) is not None
 
 
 def ignored_blocks(result: ScanResult) -> list[tuple[int, int, int]]:
