@@ -37,6 +37,9 @@ def small_chunk_diagnoser(kb):
     return Diagnoser(kb, chunk_bytes=257, engine_name="re2")
 
 
+GOES_ON = "skipping it\n" * 3  # lines after an error line: the log did not end on it
+
+
 def run_cli(*args: str, stdin: bytes | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the real command line in a child process."""
     return subprocess.run(

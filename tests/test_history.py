@@ -9,14 +9,12 @@ import sys
 import textwrap
 
 import pytest
-from conftest import entry_yaml, write_entries
+from conftest import GOES_ON, entry_yaml, write_entries
 
 from bot.engine.diagnose import Diagnoser
 from bot.history.schema import migrations
 from bot.history.store import History
 from bot.kb.load import load
-
-GOES_ON = "skipping it\n" * 3  # lines after an error line: the log did not end on it
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 over HTTP on 127.0.0.1, FakeSlack, the real history)."""
 import asyncio
 
+from conftest import GOES_ON
 from slackbot import USER, running_bot
 
 from bot.engine.diagnose import Diagnoser
@@ -10,9 +11,8 @@ from bot.engine.diagnose import Diagnoser
 def test_app_home_shows_one_row_per_distinct_unknown_with_its_count(tmp_path, kb, scans):
     diagnoser = Diagnoser(kb, engine_name="re2")
     # no traceback, and the log goes on after the exception: no entry is named
-    after = "skipping it\n" * 3
-    logs = [f"loading shards\nShardError: shard {n} on node{n} bad\n{after}" for n in (3, 17, 412)]
-    logs.append(f"loading shards\nManifestError: missing index\n{after}")
+    logs = [f"loading shards\nShardError: shard {n} on node{n} bad\n{GOES_ON}" for n in (3, 17, 412)]
+    logs.append(f"loading shards\nManifestError: missing index\n{GOES_ON}")
 
     async def scenario():
         async with running_bot(tmp_path, kb, scans) as bot:
