@@ -43,5 +43,25 @@ def test_code_fences_are_taken_off_the_lines(sent, pasted):
 
 
 def test_pasted_text_undoes_slacks_escaping_links_and_mentions():
-    sent = "<@U0BOT> see <https://hub.example.org/x?a=1&amp;b=2|hub.example.org/x> &lt;tensor&gt; &amp; more"
+    sent = "<@U0BOT> see <https://hub.example.org/x?a=1&amp;b=2> &lt;tensor&gt; &amp; more"
     assert pasted_text(sent) == " see https://hub.example.org/x?a=1&b=2 <tensor> & more"
+
+
+@pytest.mark.parametrize("sent, pasted", [
+    # Slack links text that looks like a domain; the label is what was typed
+    ("NCCL INFO transport/<http://shm.cc:634|shm.cc:634> -&gt; 2", "NCCL INFO transport/shm.cc:634 -> 2"),
+    ("bash <http://train.sh|train.sh>: line 12: 4242 Killed", "bash train.sh: line 12: 4242 Killed"),
+    ("owner <mailto:ops@example.org|ops@example.org>", "owner ops@example.org"),
+    ("docs <https://docs.ray.io/en/latest/|the Ray docs>", "docs the Ray docs"),
+])
+def test_a_link_slack_made_reads_as_its_label(sent, pasted):
+    assert pasted_text(sent) == pasted
+
+
+def test_an_nccl_trail_slack_linked_diagnoses_as_the_log(diagnoser):
+    # the `text` of a message event for a paste outside a code block, as Slack sends it
+    sent = ("vllm:40609:40744 [1] NCCL INFO transport/<http://shm.cc:634|shm.cc:634> -&gt; 2\n"
+            "vllm:40609:40744 [1] NCCL INFO <http://group.cc:146|group.cc:146> -&gt; 2\n")
+    got = diagnoser.diagnose_text(pasted_text(sent))
+    assert got.root is not None and got.root.entry.id == "nccl-system-error"
+    assert got.root.first.text.endswith("NCCL INFO group.cc:146 -> 2")
