@@ -9,6 +9,7 @@ from bot.engine.diagnose import Diagnoser
 from bot.engine import scan
 from bot.engine.scan import EVIDENCE_CHARS
 from bot.kb.load import load
+from bot.match import engines
 from bot.sources.files import diagnose_streams
 
 BOOM = "KABOOM at step (?P<step>[0-9]+)"
@@ -223,3 +224,11 @@ def test_every_rank_is_counted_after_one_rank_repeated_a_thousand_times(tiny_kb,
     (fph,) = (fph for fp, fph in d.scan.hits.items() if fp.entry == "boom")
     assert fph.count == 3299 and fph.ranks <= set(range(300))
     assert len(fph.ranks) > 300 - scan.SPREAD_EVERY and set(range(20, 300)) <= fph.ranks
+
+
+def test_the_re2_fallback_compiles_three_times_the_shipped_fingerprints(kb):
+    # sites layer their own entries over the shipped ones; RE2's default memory held about 720 patterns
+    patterns = [fp.pattern for fp in kb.fingerprints] * 3
+    engine = engines.RE2Engine(patterns)
+    line = b"[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    assert engine.scan(line, 0, len(line))
