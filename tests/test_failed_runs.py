@@ -278,3 +278,52 @@ def test_a_sigterm_after_the_time_limit_is_the_time_limit(diagnoser):
     log = (PROGRESS + "slurmstepd: error: *** JOB 88120 ON gpu-b11 CANCELLED AT 2024-02-10T06:00:12 DUE TO TIME LIMIT ***\n"
            "torch.distributed.elastic.multiprocessing.api.SignalException: Process 9120 got signal: 15\n")
     assert diagnoser.diagnose_text(log).root.entry.id == "slurm-time-limit"
+
+
+JAX_ON_CPU = "An NVIDIA GPU may be present on this machine, but a CUDA-enabled jaxlib is not installed. Falling back to cpu.\n"
+TF_SKIP = ("2024-05-22 11:40:38.241124: W tensorflow/core/common_runtime/gpu/gpu_device.cc:2251] Cannot dlopen some GPU "
+           "libraries.\nSkipping registering GPU devices...\n")
+
+
+def test_a_run_that_falls_back_to_the_cpu_and_goes_on_is_answered_by_the_fallback(diagnoser):
+    d = diagnoser.diagnose_text(JAX_ON_CPU + PROGRESS)
+    assert d.root is not None and d.root.entry.id == "no-gpu-visible" and d.confidence == "low"
+
+
+def test_tensorflows_gpu_warnings_alone_in_a_healthy_run_are_no_failure(diagnoser):
+    # transformers and tensorflow-datasets import TensorFlow into PyTorch and JAX jobs, whose GPU is fine
+    d = diagnoser.diagnose_text(TF_SKIP + PROGRESS + "Evaluation finished: accuracy 0.812\n")
+    assert d.root is None and d.findings == []
+
+
+def test_an_exception_that_ended_a_run_on_the_cpu_is_the_answer_and_the_fallback_is_related(diagnoser):
+    d = diagnoser.diagnose_text(JAX_ON_CPU + TF_SKIP + PROGRESS + CHILD + "\nExited with exit code 1.\n")
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    assert {f.entry.id: f.role for f in d.findings}["no-gpu-visible"] == "related"
+
+
+def test_a_run_on_the_cpu_that_its_owner_killed_is_answered_by_the_fallback(diagnoser):
+    d = diagnoser.diagnose_text(JAX_ON_CPU + TF_SKIP + PROGRESS + "TERM_OWNER: job killed by owner.\nExited with exit code 130.\n")
+    assert d.root is not None and d.root.entry.id == "no-gpu-visible"
+    assert {f.entry.id: f.role for f in d.findings}["job-cancelled"] == "collateral"
+
+
+DYNAMO = "".join(f"[2023-11-29 11:05:1{i},310] torch._dynamo.convert_frame: [WARNING] {line}\n" for i, line in enumerate([
+    "WON'T CONVERT forward /work/model.py line 88", "due to: ", "Traceback (most recent call last):",
+    "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:",
+    "FileNotFoundError: [Errno 2] No such file or directory: 'ldconfig'"]))
+
+
+def test_an_exception_a_warning_quotes_is_no_failure(diagnoser):
+    # torch.compile falls back to eager and training goes on until the time limit
+    d = diagnoser.diagnose_text(DYNAMO + PROGRESS + "TERM_RUNLIMIT: job killed after reaching LSF run time limit.\n")
+    assert d.root is not None and d.root.entry.id == "slurm-time-limit"
+    assert "file-not-found" not in {f.entry.id for f in d.findings}
+    assert diagnoser.diagnose_text(DYNAMO + PROGRESS + "Training completed.\n").root is None
+
+
+def test_the_same_exception_raised_is_the_answer(diagnoser):
+    raised = "Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n" \
+             "FileNotFoundError: [Errno 2] No such file or directory: 'ldconfig'\n"
+    d = diagnoser.diagnose_text(PROGRESS + raised)
+    assert d.root is not None and d.root.entry.id == "file-not-found"

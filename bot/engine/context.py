@@ -5,6 +5,8 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+import re2
+
 _RANK = [
     re.compile(p)
     for p in (
@@ -34,6 +36,14 @@ _GLOG = re.compile(r"\b[IWEF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))
 _SYSLOG = re.compile(r"^([A-Z][a-z]{2}) ([ \d]\d) (\d\d):(\d\d):(\d\d)")
 _DMESG = re.compile(r"^\[\s*(\d{1,9}\.\d{3,9})\]")
 _CLOCK = re.compile(r"\d:\d\d")  # in every timestamp above but dmesg's
+
+# An exception line quoted by a log record of level WARNING ("[WARNING] FileNotFoundError: ...",
+# "WARNING:root:KeyError: ..."): the exception was caught and reported, and the program went on
+# (torch._dynamo's "WON'T CONVERT" blocks prefix every line of the compiler's traceback so). Only
+# the exception line right after the level counts: a warning that names an error type in a sentence
+# may be about a failure. RE2: it runs on kept lines of any content.
+_LOGGED_EXCEPTION = re2.compile(
+    r"(?:\[WARN(?:ING)?\]|\bWARN(?:ING)?:(?:[\w.]+:)?|[-|] WARN(?:ING)? +[-|])[ \t]*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception):")
 
 # Only timestamps near the start of a line date the line; later ones are quoted values.
 _HEAD = 120
@@ -88,3 +98,8 @@ def line_context(line: str) -> LineContext:
     rank = _first(_RANK, line)
     time, key = line_time(line)
     return LineContext(rank=int(rank) if rank is not None else None, host=_first(_HOST, line), time=time, time_key=key)
+
+
+def logged_exception(line: str, end: int | None = None) -> bool:
+    """Whether the line (up to `end`) is an exception line quoted by a WARNING log record, not raised."""
+    return _LOGGED_EXCEPTION.search(line, 0, len(line) if end is None else end) is not None

@@ -141,16 +141,23 @@ def _noisy_or(strengths: Iterable[float]) -> float:
     return round(1.0 - miss, 3)
 
 
-def _group_by_entry(kb: KnowledgeBase, result: ScanResult) -> tuple[dict[str, _EntryHits], dict[str, _EntryHits]]:
-    """(entries with a root or cascade hit, entries hit only by confirmations); a wrapper whose
-    every report the launcher restarted from is neither."""
+@dataclass
+class _Grouped:
+    present: dict[str, _EntryHits]  # entries with a root or cascade hit
+    confirmed: dict[str, _EntryHits]  # entries hit only by confirmations
+    conditions: dict[str, _EntryHits]  # entries hit only by conditions (and confirmations)
+
+
+def _group_by_entry(kb: KnowledgeBase, result: ScanResult) -> _Grouped:
+    """The entries the log hit, by what their hits can say; a wrapper whose every report the
+    launcher restarted from is none of them."""
     grouped: dict[str, list] = {}
     ignored = fallback.ignored_blocks(result)
     for fp, fph in result.hits.items():
         kept = [h for h in fph.hits if not fallback.in_blocks(h.file, h.line, ignored)]
         if kept:  # a line inside an exception Python reported as ignored (in __del__, at exit) is no failure
             grouped.setdefault(fp.entry, []).append((fp, kept))
-    present, confirmed = {}, {}
+    out = _Grouped({}, {}, {})
     for entry_id, items in grouped.items():
         roles = {fp.role for fp, _ in items}
         hits = sorted((h for _, kept in items for h in kept), key=lambda h: h.order)
@@ -158,9 +165,16 @@ def _group_by_entry(kb: KnowledgeBase, result: ScanResult) -> tuple[dict[str, _E
         eh = _EntryHits(kb.get(entry_id), hits, roles, score)
         if _recovered(eh, result):
             continue
-        # A confirmation proves nothing alone: such an entry only answers a failed run nothing else explains.
-        (confirmed if roles == {"confirm"} else present)[entry_id] = eh
-    return present, confirmed
+        # A confirmation proves nothing alone: such an entry only answers a failed run nothing else
+        # explains. A condition (the framework fell back to the CPU) is no failure either: it is the
+        # answer only as the cause of one (a job its owner killed for crawling).
+        if roles == {"confirm"}:
+            out.confirmed[entry_id] = eh
+        elif all(fp.condition or fp.role == "confirm" for fp, _ in items):
+            out.conditions[entry_id] = eh
+        else:
+            out.present[entry_id] = eh
+    return out
 
 
 def _recovered(eh: _EntryHits, result: ScanResult) -> bool:
@@ -169,15 +183,15 @@ def _recovered(eh: _EntryHits, result: ScanResult) -> bool:
                                     if h.fingerprint.role != "confirm")
 
 
-def _confirmed_failure(kb: KnowledgeBase, present: dict[str, _EntryHits], confirmed: dict[str, _EntryHits],
-                       result: ScanResult) -> _EntryHits | None:
+def _confirmed_failure(kb: KnowledgeBase, grouped: _Grouped, result: ScanResult) -> _EntryHits | None:
     """How a failed run died, when nothing else explains it: the best-supported entry whose death
     line (a confirmation marked `ends_run`: a bare `Killed`, exit status 137) the run ended on, or
     that declares the signal a wrapper reports (`exit_signals`: DeepSpeed's `return code = -9`,
     mpirun's `exited on signal 11`). Never a wrapper itself."""
+    confirmed = grouped.confirmed
     ended = [e for e in confirmed.values() if not e.entry.wrapper and any(
         h.fingerprint.ends_run and fallback.ended_the_run(h.file, h.line, result) for h in e.hits)]
-    reported = fallback.reported_signal([h for e in present.values() if e.entry.wrapper for h in e.hits], result)
+    reported = fallback.reported_signal([h for e in grouped.present.values() if e.entry.wrapper for h in e.hits], result)
     if reported is not None:
         signal, hit = reported
         for entry in kb.entries.values():
@@ -201,17 +215,22 @@ def _earliest(candidates: list[_EntryHits], roles: tuple[str, ...]) -> _EntryHit
     return pairs[0][1]
 
 
-def _pick_root(present: dict[str, _EntryHits]) -> tuple[_EntryHits | None, bool]:
+def _pick_root(grouped: _Grouped) -> tuple[_EntryHits | None, bool]:
     """(root, cascade_only): the earliest well-supported root candidate not explained by another."""
+    present, conditions = grouped.present, grouped.conditions
     roots = [e for e in present.values() if "root" in e.roles]
     strong = [e for e in roots if e.score >= WELL_SUPPORTED]
     if strong:
         # A candidate whose known cause is also in the log is that cause's consequence.
-        unexplained = [e for e in strong if not any(c in present for c in e.entry.caused_by)]
+        unexplained = [e for e in strong if not any(c in present or c in conditions for c in e.entry.caused_by)]
         if unexplained:
             return _earliest(unexplained, ("root",)), False
-        # Every candidate is explained, by a cause that itself only cascades (a hang reported after
-        # a collective timeout): that cause is the answer, with its own "look further" note.
+        # Every candidate is explained: by a condition (the job ran on the CPU until it was killed),
+        # which is the answer, or by a cause that itself only cascades (a hang reported after a
+        # collective timeout), which is the answer with its own "look further" note.
+        named = [conditions[c] for e in strong for c in e.entry.caused_by if c in conditions]
+        if named:
+            return _earliest(named, ("root",)), False
         causes = [present[c] for e in strong for c in e.entry.caused_by if c in present and "root" not in present[c].roles]
         if causes:
             return _earliest(causes, ("cascade", "confirm")), True
@@ -267,34 +286,38 @@ def _spread(result: ScanResult) -> dict[str, tuple[set, set]]:
 
 def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> Diagnosis:
     """Root, collateral and related findings from one scan."""
-    present, confirmed = _group_by_entry(kb, result)
-    root, cascade_only = _pick_root(present)
+    grouped = _group_by_entry(kb, result)
+    root, cascade_only = _pick_root(grouped)
     if root is None or cascade_only and root.entry.wrapper:
         # Only a wrapper (or nothing) reported the failure: the child's own exception says more,
         # and failing that, what confirms how it died (a SIGKILL from outside, a segfault).
         if fallback.add_last_exception(kb, result):
-            present, confirmed = _group_by_entry(kb, result)
-            root, cascade_only = _pick_root(present)
-        elif (named := _confirmed_failure(kb, present, confirmed, result)) is not None:
+            grouped = _group_by_entry(kb, result)
+            root, cascade_only = _pick_root(grouped)
+        elif (named := _confirmed_failure(kb, grouped, result)) is not None:
             root, cascade_only = named, False
+        elif grouped.conditions:  # nothing failed that says more than how the run ran (on the CPU)
+            root, cascade_only = _earliest(list(grouped.conditions.values()), ("root",)), False
     spread = _spread(result)
     findings: list[Finding] = []
     if root is not None:
         findings.append(_finding(root, "root", spread))
     others = []
-    for eh in present.values():
+    for eh in grouped.present.values():
         if eh is root or eh.score < WELL_SUPPORTED:
             continue
         after_root = root is not None and eh.hits[0].order >= root.hits[0].order
         explained = root is not None and root.entry.id in eh.entry.caused_by
         collateral = "root" not in eh.roles or after_root or explained
         others.append(_finding(eh, "collateral" if collateral else "related", spread))
+    if root is not None:  # what the run ran under (on the CPU, say) is worth a line of a failed run's reply
+        others += [_finding(eh, "related", spread) for eh in grouped.conditions.values() if eh is not root]
     others.sort(key=lambda f: (f.role != "collateral", -f.score, f.first.order))
     findings += others
     diagnosis = Diagnosis(findings[0] if root else None, findings, cascade_only, result, kb.xids, jobid)
     if root is not None:
         start = root.first_of("root") or root.hits[0]
-        diagnosis.initiating = _initiating(root, start, present)
+        diagnosis.initiating = _initiating(root, start, grouped.present)
         if start.iteration or start.checkpoint:
             diagnosis.progress = {"iteration": _as_int(start.iteration), "checkpoint": start.checkpoint}
         timeline.attach(diagnosis)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from bot.engine import markers
-from bot.engine.context import line_context
+from bot.engine.context import line_context, logged_exception
 from bot.engine.scan import FingerprintHits, Hit, Marked, ScanResult
 from bot.kb.load import KnowledgeBase
 
@@ -65,8 +65,9 @@ def last_exception(result: ScanResult) -> Marked | None:
     matched = set(_matched_lines(result, ("root", "cascade", "confirm")))
     blocks = ignored_blocks(result)
     for m in reversed(result.last_exceptions):
-        if (m.file, m.line) in matched or _IGNORED.search(m.text):
-            continue  # a wrapper's exception, a line a known entry already explains, an "ignored" header
+        if (m.file, m.line) in matched or _IGNORED.search(m.text) or logged_exception(m.text):
+            continue  # a wrapper's exception, a line a known entry already explains, an "ignored" header,
+            # an exception a logger reported at WARNING or below
         if in_blocks(m.file, m.line, blocks):
             return None  # Python reported it as ignored (raised in __del__ or at exit): it ended nothing
         if not result.tracebacks and not failure_reported_after(m.file, m.line, result) \

@@ -21,7 +21,7 @@ from typing import BinaryIO
 import stringzilla
 
 from bot.engine import markers, trends
-from bot.engine.context import line_context
+from bot.engine.context import line_context, logged_exception
 from bot.engine.redact import clip, redact
 from bot.kb.load import Fingerprint, KnowledgeBase
 from bot.match import engines
@@ -615,8 +615,8 @@ class Scanner:
     def _hit(self, raw: _Raw, iteration, checkpoint) -> Hit | None:
         text = raw.window.decode("utf-8", "replace")
         match = self._confirm[raw.pid].search(text)
-        if match is None:
-            return None
+        if match is None or logged_exception(text, match.end()):
+            return None  # not this line after all, or an exception a logger reported and went on from
         ctx = line_context(raw.head.decode("utf-8", "replace"))
         evidence = _clip(text, *match.span())
         if raw.clipped and not evidence.startswith("…"):
