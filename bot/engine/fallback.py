@@ -67,7 +67,7 @@ def last_exception(result: ScanResult) -> Marked | None:
     for m in reversed(result.last_exceptions):
         if (m.file, m.line) in matched or _IGNORED.search(m.text) or logged_exception(m.text):
             continue  # a wrapper's exception, a line a known entry already explains, an "ignored" header,
-            # an exception a logger reported at WARNING or below
+            # an exception line a WARNING log record quotes
         if in_blocks(m.file, m.line, blocks):
             return None  # Python reported it as ignored (raised in __del__ or at exit): it ended nothing
         if not result.tracebacks and not failure_reported_after(m.file, m.line, result) \

@@ -616,7 +616,7 @@ class Scanner:
         text = raw.window.decode("utf-8", "replace")
         match = self._confirm[raw.pid].search(text)
         if match is None or logged_exception(text, match.end()):
-            return None  # not this line after all, or an exception a logger reported and went on from
+            return None  # not this line after all, or an exception line a WARNING log record quotes
         ctx = line_context(raw.head.decode("utf-8", "replace"))
         evidence = _clip(text, *match.span())
         if raw.clipped and not evidence.startswith("…"):
