@@ -239,3 +239,16 @@ def test_a_fairseq_scale_that_keeps_rising_back_from_half_is_no_collapse(diagnos
     assert _finding(_diagnose(diagnoser, lines), "fp16-loss-scale") is None
     collapsed = lines + [f"| WARNING: overflow detected, setting loss scale to: {0.5 / 2 ** i:g}" for i in range(1, 6)]
     assert _diagnose(diagnoser, collapsed).root.entry.id == "fp16-loss-scale"
+
+
+def test_an_averaged_loss_in_a_progress_bar_postfix_is_read(diagnoser):
+    # kohya's sd-scripts: "avr_loss=0.113"; a LoRA run whose average goes NaN and stays
+    bars = [f"steps:  {i:2d}%|██        | {41 * i}/3280 [01:40<1:05:00,  1.22s/it, avr_loss={0.11 + i / 1000:.4f}]"
+            for i in range(1, 30)]
+    ends = bars + [f"steps:  {i}%|██        | {41 * i}/3280 [01:40<1:05:00,  1.22s/it, avr_loss=nan]" for i in range(30, 33)]
+    d = _diagnose(diagnoser, ends)
+    assert d.root.entry.id == "nan-loss"
+    assert any(fp.detector == trends.NONFINITE for fp in d.scan.hits)  # the series, not only the NaN lines
+    diverged = bars + [f"steps:  {i}%|██        | {41 * i}/3280 [01:40<1:05:00,  1.22s/it, avr_loss={0.9 + i / 100:.4f}]"
+                       for i in range(30, 50)]
+    assert _finding(_diagnose(diagnoser, diverged), "loss-spike") is not None

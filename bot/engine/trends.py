@@ -68,8 +68,9 @@ NONFINITE_RUN = {LOSS: 1, GRAD_NORM: 2}  # fp16 skips a step at a time: one inf 
 _KEYS: tuple[tuple[str, engines.Pattern], ...] = (
     (LOSS, engines.Pattern(r"\blm loss: ")),  # Megatron
     (LOSS, engines.Pattern(r"['\"](?:train_)?loss['\"]: ")),  # HF Trainer's {'loss': 2.31, ...}
-    # tqdm/Lightning postfix, "| loss: 2.3", TF "INFO:tensorflow:loss = 2.3", "Epoch 3 Train Loss: 2.3"
-    (LOSS, engines.Pattern(r"(?:^|[\s,\[|:])(?:[Tt]rain(?:ing)?[_/ ])?[Ll]oss ?[=:] ?")),
+    # tqdm/Lightning postfix, "| loss: 2.3", TF "INFO:tensorflow:loss = 2.3", "Epoch 3 Train Loss: 2.3",
+    # kohya's "avr_loss=0.11", "avg_loss: 2.3", "total_loss=4.1"
+    (LOSS, engines.Pattern(r"(?:^|[\s,\[|:])(?:(?:[Tt]rain(?:ing)?|avr|avg|mean|total|running)[_/ ])?[Ll]oss ?[=:] ?")),
     (LOSS, engines.Pattern(r"\biter \d+: loss ")),  # nanoGPT
     (LOSS, engines.Pattern(r"\b[Ll]oss is ")),  # BigDL's "Loss is 1.26.", "Loss is Infinity."
     (LOSS, engines.Pattern(r"\| loss ")),  # a column of "step 48480 | loss 14.13 | lr ..."
