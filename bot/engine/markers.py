@@ -43,9 +43,11 @@ LINE_MARKERS: tuple[Marker, ...] = (
     # "Saving model checkpoint to", "saving checkpoint at iteration", "saving model to '...ckpt'";
     # not "Configuration saved in .../checkpoint-1200/config.json".
     Marker(CHECKPOINT, Pattern(r"\b(sav(ed|ing)|wrote|writing)( the| a)?( model| final)? (checkpoint|ckpt)\b|\bsaving model to\b", True), _PATH),
-    # and a frame of rich's boxed traceback ("│ ❱ 456 │ ..."), whose header a paste often cuts off,
-    # and Hydra's note under a task's uncaught exception, whose traceback it shortens or leaves out
-    Marker(TRACEBACK, Pattern(r"Traceback \(most recent call last\)|│ ❱ +\d+ │|HYDRA_FULL_ERROR=1 for a complete stack trace")),
+    # and a frame of a traceback whose header a paste cut off (Python's `  File "x.py", line 3, in f`,
+    # rich's boxed "│ ❱ 456 │ ..."), and Hydra's note under a task's uncaught exception, whose
+    # traceback it shortens or leaves out
+    Marker(TRACEBACK, Pattern(r"Traceback \(most recent call last\)|^(?:\[[^\]\n]{1,40}\]:? ?)?\s*File \"[^\"\n]{1,400}\", line \d+, in |│ ❱ +\d+ │|"
+                              r"HYDRA_FULL_ERROR=1 for a complete stack trace")),
     # and the header Python prints over an exception it ignored (in __del__, at interpreter exit),
     # and an exception's repr alone on its line (Hydra's "Error in call to target '...':" puts it there)
     Marker(EXCEPTION, Pattern(r"\b([A-Z]\w*(Error|Exception)|Exception)(:|$)|^[A-Z]\w*(Error|Exception)\(|" + IGNORED_HEADER)),
