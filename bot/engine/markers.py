@@ -46,8 +46,8 @@ LINE_MARKERS: tuple[Marker, ...] = (
     # and a frame of a traceback whose header a paste cut off (Python's `  File "x.py", line 3, in f`,
     # rich's boxed "│ ❱ 456 │ ..."), and Hydra's note under a task's uncaught exception, whose
     # traceback it shortens or leaves out
-    Marker(TRACEBACK, Pattern(r"Traceback \(most recent call last\)|\bFile \"[^\"\n]{1,400}\", line \d+, in |│ ❱ +\d+ │|"
-                              r"HYDRA_FULL_ERROR=1 for a complete stack trace")),
+    Marker(TRACEBACK, Pattern(r"Traceback \(most recent call last\)|" r'\bFile "[^"\n]{1,400}", line \d+, in |'
+                              r"│ ❱ +\d+ │|HYDRA_FULL_ERROR=1 for a complete stack trace")),
     # and the header Python prints over an exception it ignored (in __del__, at interpreter exit),
     # and an exception's repr alone on its line (Hydra's "Error in call to target '...':" puts it there)
     Marker(EXCEPTION, Pattern(r"\b([A-Z]\w*(Error|Exception)|Exception)(:|$)|^[A-Z]\w*(Error|Exception)\(|" + IGNORED_HEADER)),
