@@ -337,3 +337,12 @@ def test_a_paste_that_starts_inside_a_traceback_is_a_traceback(diagnoser):
     d = diagnoser.diagnose_text(frames + "[rank0]: Additional GRPC error information from remote target\n" * 4)
     assert d.root is not None and d.root.entry.id == "python-user-code-error"
     assert d.root.first.text.startswith("[rank0]: jaxlib.xla_extension.XlaRuntimeError")
+
+
+def test_an_exception_after_the_last_progress_line_ended_the_run_however_long_the_dump_after_it(diagnoser):
+    # a runtime prints a long native error dump after the Python exception: more than 40 lines
+    dump = "".join(f"        rtStreamSynchronize execute failed, reason=[device fault {i}][FILE:stream.cc]\n" for i in range(60))
+    d = diagnoser.diagnose_text(PROGRESS + CHILD + dump)
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    # the same exception with training going on after it was handled
+    assert diagnoser.diagnose_text(PROGRESS + CHILD + dump + PROGRESS.replace("09:", "10:") + dump).root is None

@@ -5,7 +5,9 @@ of a custom class, `RuntimeError: Found dtype Half but expected Float`) must not
 Entries that declare a `last-exception` detector (python-user-code-error) take that line as a weak
 root, when the log shows that the run failed of it: a launcher or the scheduler reported a
 failure after it (a cascade fingerprint hit: ChildFailedError, `srun: error: ... Exited with exit
-code 1`), or it is among the last lines of its file; with no traceback anywhere (a paste that cut
+code 1`), or it is among the last lines of its file, or it comes after the file's last progress line
+(training stopped before it, and a runtime's long error dump may follow); with no traceback anywhere
+(a paste that cut
 it off) it counts when a failure is reported after it, or when the log ends on it in the shape
 Python prints an uncaught exception (`RuntimeError: ...` at the line's start, not a logger's
 `ERROR: ...` about one). An exception handled in the middle of a
@@ -51,11 +53,13 @@ def failure_reported_after(file: int, line: int, result: ScanResult) -> bool:
 
 def ended_the_run(file: int, line: int, result: ScanResult) -> bool:
     """Whether the run ended on this line: nothing recovered from it, and a launcher or the
-    scheduler reported a failure after it or it is among the last lines of its file."""
+    scheduler reported a failure after it, or it is among the last lines of its file, or training
+    progress stopped before it (a long native error dump may follow an exception)."""
     if recovered(file, line, result):
         return False
     near_end = file < len(result.file_lines) and line > result.file_lines[file] - END_LINES
-    return near_end or failure_reported_after(file, line, result)
+    progress = result.file_progress[file] if file < len(result.file_progress) else 0
+    return near_end or 0 < progress < line or failure_reported_after(file, line, result)
 
 
 def last_exception(result: ScanResult) -> Marked | None:

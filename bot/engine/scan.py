@@ -131,6 +131,7 @@ class ScanResult:
     last_exceptions: deque = field(default_factory=lambda: deque(maxlen=KEEP_EXCEPTIONS))
     warnings: list[str] = field(default_factory=list)
     file_lines: list[int] = field(default_factory=list)  # lines of each file, in `files` order
+    file_progress: list[int] = field(default_factory=list)  # each file's last progress line (0: none)
 
     def merge(self, later: ScanResult) -> None:
         """Add the result of files scanned on their own (another process), which come after these."""
@@ -146,6 +147,7 @@ class ScanResult:
                 self.hits[fp] = moved
         self.lines += later.lines
         self.file_lines += later.file_lines
+        self.file_progress += later.file_progress
         self.bytes += later.bytes
         self.tracebacks += later.tracebacks
         room = KEEP_ERRORS - len(self.first_errors)
@@ -364,6 +366,7 @@ class Scanner:
         result.lines += lines
         result.bytes += size
         result.file_lines.append(lines)
+        result.file_progress.append(iteration_line)
         if any(self.detectors.values()):
             self._trends(summary, iteration, iteration_line, checkpoint, tail, file_no, result)
         return result
@@ -576,6 +579,7 @@ class Scanner:
         result.bytes += st.pos
         result.lines += st.lines
         result.file_lines.append(st.lines)
+        result.file_progress.append(st.iteration_line)
         for pid in sorted(st.first.keys() | st.last.keys()):
             raws = st.first.get(pid, []) + list(st.last.get(pid, ()))
             later = FingerprintHits(st.count[pid], raws[:KEEP_HITS], deque(raws[KEEP_HITS:], maxlen=KEEP_HITS),
