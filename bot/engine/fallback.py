@@ -3,19 +3,18 @@
 A run that died on an exception the knowledge base has no entry for (`KeyError: 'SLURM_NTASKS'`
 of a custom class, `RuntimeError: Found dtype Half but expected Float`) must not get silence.
 Entries that declare a `last-exception` detector (python-user-code-error) take that line as a weak
-root, when the log shows that the run failed of it: a launcher or the scheduler reported a
-failure after it (a cascade fingerprint hit: ChildFailedError, `srun: error: ... Exited with exit
-code 1`), or it is among the last lines of its file, or it comes after the file's last progress line
-(training stopped before it, and a runtime's long error dump may follow); with no traceback anywhere
-(a paste that cut
-it off) it counts when a failure is reported after it, or when the log ends on it in the shape
-Python prints an uncaught exception (`RuntimeError: ...` at the line's start, not a logger's
-`ERROR: ...` about one). An exception handled in the middle of a
-healthy run is followed by more training and stays silent; an exception line that a fingerprint
-matched is that entry's to explain, and a wrapper's own exception (ChildFailedError,
-CalledProcessError) is never the answer. When no exception explains it, the signal a wrapper
-reports the child died of (-9, 137, signal 11) names the entry that explains that signal
-(diagnose.py). A failure the launcher restarted from (a `recovers` line after it) ended nothing.
+root, when the log shows that the run failed of it: a launcher or the scheduler reported a failure
+after it (a cascade fingerprint hit: ChildFailedError, `srun: error: ... Exited with exit code 1`),
+it is among the last lines of its file, or it comes after the file's last progress line (training
+stopped before it, and a runtime's long error dump may follow). With no traceback anywhere (a paste
+that cut it off) it counts when a failure is reported after it, or when the log ends on it in the
+shape Python prints an uncaught exception (`RuntimeError: ...` at the line's start, not a logger's
+`ERROR: ...` about one). An exception handled in the middle of a healthy run is followed by more
+training and stays silent; an exception line that a fingerprint matched is that entry's to explain,
+and a wrapper's own exception (ChildFailedError, CalledProcessError) is never the answer. When no
+exception explains it, the signal a wrapper reports the child died of (-9, 137, signal 11) names
+the entry that explains that signal (diagnose.py). A failure the launcher restarted from (a
+`recovers` line after it) ended nothing.
 """
 from __future__ import annotations
 
