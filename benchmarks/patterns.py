@@ -63,5 +63,6 @@ def main() -> None:
         name, g, p = given[i]
         print(f"  {1000 * saved[i]:+6.2f} ms  {'whole regex' if g.regex == p.regex else 'literals   '}  {name}")
 
+
 if __name__ == "__main__":
     main()
