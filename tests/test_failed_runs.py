@@ -309,7 +309,7 @@ def test_a_run_on_the_cpu_that_its_owner_killed_is_answered_by_the_fallback(diag
 
 
 DYNAMO = "".join(f"[2023-11-29 11:05:1{i},310] torch._dynamo.convert_frame: [WARNING] {line}\n" for i, line in enumerate([
-    "WON'T CONVERT forward /work/model.py line 88", "due to: ", "Traceback (most recent call last):",
+    "WON'T CONVERT forward /workspace/model.py line 88", "due to: ", "Traceback (most recent call last):",
     "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:",
     "FileNotFoundError: [Errno 2] No such file or directory: 'ldconfig'"]))
 
