@@ -333,7 +333,7 @@ def test_a_paste_that_starts_inside_a_traceback_is_a_traceback(diagnoser):
     # the header was cut off: the frames still say the exception was raised through them
     frames = ('[rank0]:   File "/opt/levanter/src/levanter/utils/jax_utils.py", line 75, in multihost_broadcast_sync\n'
               '[rank0]:     client.wait_at_barrier("sync0", timeout_in_ms=120000)\n'
-              '[rank0]: jaxlib.xla_extension.XlaRuntimeError: DEADLINE_EXCEEDED: Barrier timed out. Barrier_id: sync0.\n')
+              '[rank0]: jaxlib.xla_extension.XlaRuntimeError: INVALID_ARGUMENT: barrier id sync0 already used.\n')
     d = diagnoser.diagnose_text(frames + "[rank0]: Additional GRPC error information from remote target\n" * 4)
     assert d.root is not None and d.root.entry.id == "python-user-code-error"
     assert d.root.first.text.startswith("[rank0]: jaxlib.xla_extension.XlaRuntimeError")
