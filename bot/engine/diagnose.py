@@ -215,6 +215,32 @@ def _earliest(candidates: list[_EntryHits], roles: tuple[str, ...]) -> _EntryHit
     return pairs[0][1]
 
 
+def _explains(cause: str, candidate: _EntryHits, grouped: _Grouped) -> bool:
+    """Whether the log holds `cause` (one of the candidate's `caused_by`) as its cause: a root or a
+    condition anywhere, even printed later (a GPU's Xid after the CUDA error it caused); a failure
+    seen only in its consequences (a peer that closed the connection) when it came first, since a
+    rank's own failure line before the others noticed it is that rank's, not theirs. NCCL prints the
+    cause of its error as a "Last error:" a few lines under it: that still comes first."""
+    if cause in grouped.conditions:
+        return True
+    found = grouped.present.get(cause)
+    if found is None:
+        return False
+    return "root" in found.roles or not _printed_after(found.hits[0], candidate.first_of("root"))
+
+
+LAST_ERROR_LINES = 5  # NCCL's "Last error:" text follows the error it explains by this many lines at most
+
+
+def _printed_after(a: Hit, b: Hit) -> bool:
+    """Whether hit `a` came after hit `b` (beyond a "Last error:" block under it): by timestamp
+    when both have one of a kind, else by line within one file; hits in different files without
+    timestamps are not ordered (False)."""
+    if a.time_key and b.time_key and a.time_key[0] == b.time_key[0]:
+        return a.time_key[1] > b.time_key[1]
+    return a.file == b.file and a.line > b.line + LAST_ERROR_LINES
+
+
 def _pick_root(grouped: _Grouped) -> tuple[_EntryHits | None, bool]:
     """(root, cascade_only): the earliest well-supported root candidate not explained by another."""
     present, conditions = grouped.present, grouped.conditions
@@ -222,7 +248,7 @@ def _pick_root(grouped: _Grouped) -> tuple[_EntryHits | None, bool]:
     strong = [e for e in roots if e.score >= WELL_SUPPORTED]
     if strong:
         # A candidate whose known cause is also in the log is that cause's consequence.
-        unexplained = [e for e in strong if not any(c in present or c in conditions for c in e.entry.caused_by)]
+        unexplained = [e for e in strong if not any(_explains(c, e, grouped) for c in e.entry.caused_by)]
         if unexplained:
             return _earliest(unexplained, ("root",)), False
         # Every candidate is explained: by a condition (the job ran on the CPU until it was killed),
