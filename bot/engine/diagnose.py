@@ -324,6 +324,10 @@ def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> 
             root, cascade_only = named, False
         elif grouped.conditions:  # nothing failed that says more than how the run ran (on the CPU)
             root, cascade_only = _earliest(list(grouped.conditions.values()), ("root",)), False
+        elif root is not None and all(fallback.training_went_on(h.file, h.line, result) for h in root.hits):
+            # a wrapper's report with training logged after it: a side command failed and was handled
+            grouped.present.pop(root.entry.id)
+            root = None
     spread = _spread(result)
     findings: list[Finding] = []
     if root is not None:

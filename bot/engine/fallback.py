@@ -61,6 +61,11 @@ def ended_the_run(file: int, line: int, result: ScanResult) -> bool:
     return near_end or 0 < progress < line or failure_reported_after(file, line, result)
 
 
+def training_went_on(file: int, line: int, result: ScanResult) -> bool:
+    """Whether its file logged training progress after this line: what failed there ended nothing."""
+    return file < len(result.file_progress) and result.file_progress[file] > line
+
+
 def last_exception(result: ScanResult) -> Marked | None:
     """The exception that ended a failed run, when no fingerprint matched it; None otherwise.
     Without a traceback in the log (a paste that cut it off) it takes a launcher's or the
