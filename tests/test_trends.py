@@ -252,3 +252,17 @@ def test_an_averaged_loss_in_a_progress_bar_postfix_is_read(diagnoser):
     diverged = bars + [f"steps:  {i}%|██        | {41 * i}/3280 [01:40<1:05:00,  1.22s/it, avr_loss={0.9 + i / 100:.4f}]"
                        for i in range(30, 50)]
     assert _finding(_diagnose(diagnoser, diverged), "loss-spike") is not None
+
+
+def test_a_nan_loss_the_logged_loss_comes_back_from_is_no_failure(diagnoser):
+    # an RL learner logs loss=nan until its replay buffer holds a batch, then real losses
+    warmup = [f"episode={i} step={40 * i} reward={100 + i:.1f} epsilon=0.9{i:02d} loss=nan" for i in range(1, 16)]
+    trained = [f"episode={i} step={40 * i} reward={100 + i:.1f} epsilon=0.8{i:02d} loss={2.5 - i / 100:.4f}" for i in range(16, 60)]
+    assert _diagnose(diagnoser, warmup + trained).findings == []
+    # the same NaN lines at the end of a run that went NaN and stayed: the run diverged
+    ends = trained + [f"episode={i} step={40 * i} reward=0.0 epsilon=0.700 loss=nan" for i in range(60, 64)]
+    d = _diagnose(diagnoser, ends)
+    assert d.root.entry.id == "nan-loss" and d.root.first.line == 45
+    # a NaN in the middle, finite losses after it, then NaN again to the end: the last run of NaN counts
+    relapse = warmup + trained + [f"episode={i} step={40 * i} reward=0.0 epsilon=0.700 loss=nan" for i in range(60, 64)]
+    assert _diagnose(diagnoser, relapse).root.first.line == 60

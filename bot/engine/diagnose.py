@@ -154,8 +154,11 @@ def _group_by_entry(kb: KnowledgeBase, result: ScanResult) -> _Grouped:
     grouped: dict[str, list] = {}
     ignored = fallback.ignored_blocks(result)
     for fp, fph in result.hits.items():
-        kept = [h for h in fph.hits if not fallback.in_blocks(h.file, h.line, ignored)]
-        if kept:  # a line inside an exception Python reported as ignored (in __del__, at exit) is no failure
+        # a line inside an exception Python reported as ignored (in __del__, at exit) is no failure,
+        # nor a NaN loss logged before finite ones (a warm-up with no batch yet, a skipped step)
+        kept = [h for h in fph.hits if not fallback.in_blocks(h.file, h.line, ignored)
+                and not (fp.logged_loss and result.loss_back.get(h.file, 0) > h.line)]
+        if kept:
             grouped.setdefault(fp.entry, []).append((fp, kept))
     out = _Grouped({}, {}, {})
     for entry_id, items in grouped.items():

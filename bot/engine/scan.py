@@ -132,6 +132,7 @@ class ScanResult:
     warnings: list[str] = field(default_factory=list)
     file_lines: list[int] = field(default_factory=list)  # lines of each file, in `files` order
     file_progress: list[int] = field(default_factory=list)  # each file's last progress line (0: none)
+    loss_back: dict[int, int] = field(default_factory=dict)  # by file: the last finite loss logged after NaN/Inf ones
 
     def merge(self, later: ScanResult) -> None:
         """Add the result of files scanned on their own (another process), which come after these."""
@@ -148,6 +149,7 @@ class ScanResult:
         self.lines += later.lines
         self.file_lines += later.file_lines
         self.file_progress += later.file_progress
+        self.loss_back.update((file + shift, line) for file, line in later.loss_back.items())
         self.bytes += later.bytes
         self.tracebacks += later.tracebacks
         room = KEEP_ERRORS - len(self.first_errors)
@@ -639,6 +641,8 @@ class Scanner:
         last_progress = trends.Quote(iteration_line, text) if text else None
         iteration = markers.iteration(text) if text else None
         checkpoint = _checkpoint(last_checkpoint)
+        if summary.loss_back:
+            result.loss_back[file_no] = summary.loss_back
         for trend in summary.judge(last_progress, trends.last_timestamp(tail), iteration):
             ctx = line_context(trend.text)
             for fp in self.detectors[trend.kind]:

@@ -167,6 +167,7 @@ class Summary:
         self.loss = _Divergence()
         self.finite = {name: deque(maxlen=n) for name, n in NONFINITE_RUN.items()}
         self.nonfinite_from: dict[str, Quote | None] = {}  # the first value of each series' last NaN/Inf run
+        self.loss_back = 0  # the line of the last finite loss read right after NaN/Inf ones (0: none)
         self.scale_max = 0.0
         self.scale_last: float | None = None
         self.floor: Quote | None = None
@@ -197,6 +198,8 @@ class Summary:
                 if self.nonfinite_from.get(name) is None:
                     self.nonfinite_from[name] = quote()
             else:
+                if name == LOSS and self.nonfinite_from.get(name) is not None:
+                    self.loss_back = quote().line
                 self.nonfinite_from[name] = None
             if finite and name == LOSS:
                 return self.loss.add(value, quote)

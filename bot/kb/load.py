@@ -36,6 +36,7 @@ class Fingerprint:
     ends_run: bool = False  # a confirmation saying the process died (knowledge/README.md)
     recovers: bool = False  # the line says the failure before it was recovered from
     condition: bool = False  # a root line that states a condition (no GPU in use), no failure by itself
+    logged_loss: bool = False  # the line logs a NaN/Inf loss value: a finite loss logged after it was recovered from
     detector: str | None = None  # a bot/engine/trends.py kind instead of a regex
     group: str | None = None  # fingerprints sharing a group are one failure for linking repeats
     group_by: list[str] = field(default_factory=list, hash=False, compare=False)  # captures that tell failures apart
