@@ -346,3 +346,40 @@ def test_an_exception_after_the_last_progress_line_ended_the_run_however_long_th
     assert d.root is not None and d.root.entry.id == "python-user-code-error"
     # the same exception with training going on after it was handled
     assert diagnoser.diagnose_text(PROGRESS + CHILD + dump + PROGRESS.replace("09:", "10:") + dump).root is None
+
+
+RAY_DRIVER = ("(pid=4411) Update policy: 100%|██████████| 5/5 [01:53<00:00, 22.6s/it]\n"
+              "Traceback (most recent call last):\n"
+              '  File "/workspace/rl/trainer/main.py", line 94, in run\n'
+              "    trainer.fit()\n"
+              "ray.exceptions.RayTaskError({inner}): ray::WorkerDict.compute_log_probs() (pid=4502, ip=10.0.0.2, "
+              "actor_id=11af29bb9fed89a5977131d901000000)\n"
+              '  File "/workspace/rl/workers/fsdp_workers.py", line 585, in compute_log_probs\n'
+              "    output = self.actor.compute_log_prob(data=data)\n")
+
+
+def test_the_builtin_exception_a_ray_wrapper_names_is_the_childs_error(diagnoser):
+    # the paste stops inside the remote traceback, before the child's own "IndexError: ..." line
+    d = diagnoser.diagnose_text(RAY_DRIVER.format(inner="IndexError"))
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    assert d.root.groups.get("exception") == "IndexError"
+    # a type Ray itself raises for a dead actor is no exception of the child's code
+    d = diagnoser.diagnose_text(RAY_DRIVER.format(inner="ActorDiedError"))
+    assert d.root is not None and d.root.entry.id == "ray-worker-died"
+
+
+def test_an_exception_before_the_others_time_out_started_it(diagnoser):
+    # rank 1 dies of an error no entry knows; the others wait in a broadcast until the watchdog fires
+    log = PROGRESS + """[rank1]: Traceback (most recent call last):
+[rank1]:   File "/workspace/ppo/trainer.py", line 512, in load_state
+[rank1]:     torch.set_rng_state(state["rng"])
+[rank1]: RuntimeError: Invalid mt19937 state
+[rank0]:[E ProcessGroupNCCL.cpp:456] Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.
+[rank0]: what():  [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=696, OpType=BROADCAST, Timeout(ms)=1800000) ran for 1802763 milliseconds before timing out.
+"""
+    d = diagnoser.diagnose_text(log)
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    assert d.root.first.text.endswith("RuntimeError: Invalid mt19937 state")
+    # the same exception handled early in the run, with training logged after it: the time-out stands
+    handled = log.replace(PROGRESS, "").replace("[rank0]:[E", PROGRESS + "[rank0]:[E", 1)
+    assert diagnoser.diagnose_text(handled).root.entry.id == "nccl-timeout"

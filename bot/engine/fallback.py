@@ -12,12 +12,14 @@ shape Python prints an uncaught exception (`RuntimeError: ...` at the line's sta
 `ERROR: ...` about one). An exception handled in the middle of a healthy run is followed by more
 training and stays silent; an exception line that a fingerprint matched is that entry's to explain,
 and a wrapper's own exception (ChildFailedError, CalledProcessError) is never the answer. When no
-exception explains it, the signal a wrapper reports the child died of (-9, 137, signal 11) names
-the entry that explains that signal (diagnose.py). A failure the launcher restarted from (a
-`recovers` line after it) ended nothing.
+exception line explains it, the built-in exception type a wrapper names (Ray's
+`RayTaskError(IndexError)`) is the child's error, and the signal a wrapper reports the child died
+of (-9, 137, signal 11) names the entry that explains that signal (diagnose.py). A failure the
+launcher restarted from (a `recovers` line after it) ended nothing.
 """
 from __future__ import annotations
 
+import builtins
 import re
 
 from bot.engine import markers
@@ -32,6 +34,8 @@ IGNORED_LINES = 40  # an exception this close after Python's "Exception ignored 
 _IGNORED = re.compile(markers.IGNORED_HEADER)
 # "KeyError: ...", a bare `raise Exception(...)`'s "Exception:", and a repr ("TypeError('...')")
 _TYPE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|Exception))(?=:|\(|\s*$)")
+# an exception raised by the communication itself (a gloo read error, a reset socket): one more consequence
+_COMMS = re.compile(r"gloo|nccl|c10d|ProcessGroup|socket|Connection (?:reset|refused|closed)|Broken pipe|[Tt]imed? ?out", re.I)
 # Python's last line of an uncaught exception: the type at the start (after a rank prefix)
 _UNCAUGHT = re.compile(r"^(?:\[[^\]\n]{0,40}\]:? ?)*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::|\s*$)")
 
@@ -66,16 +70,22 @@ def training_went_on(file: int, line: int, result: ScanResult) -> bool:
     return file < len(result.file_progress) and result.file_progress[file] > line
 
 
-def last_exception(result: ScanResult) -> Marked | None:
+def last_exception(result: ScanResult, before: Hit | None = None) -> Marked | None:
     """The exception that ended a failed run, when no fingerprint matched it; None otherwise.
     Without a traceback in the log (a paste that cut it off) it takes a launcher's or the
-    scheduler's failure report after it: an error line alone is not an uncaught exception."""
+    scheduler's failure report after it: an error line alone is not an uncaught exception.
+    With `before` (the first consequence the log shows, a collective time-out), only an exception
+    printed above it in its file, with no training logged after it and not raised by the
+    communication itself, counts."""
     matched = set(_matched_lines(result, ("root", "cascade", "confirm")))
     blocks = ignored_blocks(result)
     for m in reversed(result.last_exceptions):
         if (m.file, m.line) in matched or _IGNORED.search(m.text) or logged_exception(m.text):
             continue  # a wrapper's exception, a line a known entry already explains, an "ignored" header,
             # an exception line a WARNING log record quotes
+        if before is not None and (m.file != before.file or m.line >= before.line or _COMMS.search(m.text)
+                                   or training_went_on(m.file, m.line, result)):
+            continue
         if in_blocks(m.file, m.line, blocks):
             return None  # Python reported it as ignored (raised in __del__ or at exit): it ended nothing
         if not result.tracebacks and not failure_reported_after(m.file, m.line, result) \
@@ -83,6 +93,26 @@ def last_exception(result: ScanResult) -> Marked | None:
             return None
         return m if ended_the_run(m.file, m.line, result) else None
     return None
+
+
+def wrapped_exception(result: ScanResult) -> tuple[Marked, str] | None:
+    """The last report of a wrapper that names the built-in exception type its child raised (Ray's
+    `RayTaskError(IndexError): ...`, its capture `inner`), when the run ended on it: the child's own
+    exception line was cut from the paste, and the type it names is still the child's error."""
+    reports = [h for fp, fph in result.hits.items() if fp.role == "cascade" for h in fph.hits
+               if _builtin_exception(h.groups.get("inner", ""))]
+    for hit in sorted(reports, key=lambda h: h.order, reverse=True):
+        if ended_the_run(hit.file, hit.line, result):
+            marked = Marked(hit.file, hit.line, hit.text, iteration=hit.iteration, checkpoint=hit.checkpoint)
+            return marked, hit.groups["inner"]
+    return None
+
+
+def _builtin_exception(name: str) -> bool:
+    """A Python built-in exception type (IndexError, KeyError, ...), not a framework's own wrapper
+    (Ray's ActorDiedError) or a library's error that an entry may explain better."""
+    kind = getattr(builtins, name, None)
+    return isinstance(kind, type) and issubclass(kind, Exception)
 
 
 def _ends_the_log(m: Marked, result: ScanResult) -> bool:
@@ -109,15 +139,21 @@ def in_blocks(file: int, line: int, blocks: list[tuple[int, int, int]]) -> bool:
     return any(f == file and first < line <= last for f, first, last in blocks)
 
 
-def add_last_exception(kb: KnowledgeBase, result: ScanResult) -> bool:
-    """Record the run's last exception as a hit of every `last-exception` detector; True if one was added."""
+def add_last_exception(kb: KnowledgeBase, result: ScanResult, before: Hit | None = None) -> bool:
+    """Record the run's last exception (printed above `before`, when given) as a hit of every
+    `last-exception` detector; True if one was added."""
     detectors = kb.detectors(LAST_EXCEPTION)
-    m = last_exception(result) if detectors else None
-    if m is None:
+    if not detectors:
+        return False
+    m = last_exception(result, before)
+    if m is not None:
+        kind = _TYPE.search(m.text)
+        groups = {"exception": kind.group(1)} if kind else {}
+    elif before is None and (wrapped := wrapped_exception(result)) is not None:
+        m, groups = wrapped[0], {"exception": wrapped[1]}
+    else:
         return False
     ctx = line_context(m.text)
-    kind = _TYPE.search(m.text)
-    groups = {"exception": kind.group(1)} if kind else {}
     for fp in detectors:
         hit = Hit(fingerprint=fp, file=m.file, line=m.line, text=m.text, rank=ctx.rank, host=ctx.host,
                   time=ctx.time, time_key=ctx.time_key, groups=groups,
