@@ -35,7 +35,8 @@ _IGNORED = re.compile(markers.IGNORED_HEADER)
 # "KeyError: ...", a bare `raise Exception(...)`'s "Exception:", and a repr ("TypeError('...')")
 _TYPE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|Exception))(?=:|\(|\s*$)")
 # an exception raised by the communication itself (a gloo read error, a reset socket): one more consequence
-_COMMS = re.compile(r"gloo|nccl|c10d|ProcessGroup|socket|Connection (?:reset|refused|closed)|Broken pipe|[Tt]imed? ?out", re.I)
+_COMMS = re.compile(r"gloo|nccl|c10d|ProcessGroup|socket|Connection (?:reset|refused|closed)|Broken pipe|timed? ?out",
+                    re.I)
 # Python's last line of an uncaught exception: the type at the start (after a rank prefix)
 _UNCAUGHT = re.compile(r"^(?:\[[^\]\n]{0,40}\]:? ?)*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::|\s*$)")
 
