@@ -383,3 +383,18 @@ def test_an_exception_before_the_others_time_out_started_it(diagnoser):
     # the same exception handled early in the run, with training logged after it: the time-out stands
     handled = log.replace(PROGRESS, "").replace("[rank0]:[E", PROGRESS + "[rank0]:[E", 1)
     assert diagnoser.diagnose_text(handled).root.entry.id == "nccl-timeout"
+
+
+def test_a_notebook_paste_that_stops_before_the_exception_line_names_it_from_the_header(diagnoser):
+    cell = """---------------------------------------------------------------------------
+KeyError                                  Traceback (most recent call last)
+Cell In[7], line 3
+      1 for batch in loader:
+----> 3     loss = model(batch["pixel_values"], batch["labels"])
+File ~/envs/vit/lib/python3.11/site-packages/transformers/feature_extraction_utils.py:87, in BatchFeature.__getitem__(self, item)
+     85 if isinstance(item, str):
+---> 87     return self.data[item]
+"""
+    d = diagnoser.diagnose_text(cell)
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    assert d.root.groups.get("exception") == "KeyError"

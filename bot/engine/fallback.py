@@ -32,8 +32,9 @@ END_LINES = 40  # an exception this close to the end of its file ended the run
 LAST_LINES = 3  # without a traceback, an exception line must be this close to the end
 IGNORED_LINES = 40  # an exception this close after Python's "Exception ignored in" header is that ignored one
 _IGNORED = re.compile(markers.IGNORED_HEADER)
-# "KeyError: ...", a bare `raise Exception(...)`'s "Exception:", and a repr ("TypeError('...')")
-_TYPE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|Exception))(?=:|\(|\s*$)")
+# "KeyError: ...", a bare `raise Exception(...)`'s "Exception:", a repr ("TypeError('...')") and
+# IPython's header ("KeyError      Traceback (most recent call last)")
+_TYPE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|Exception))(?=:|\(|\s*$| +Traceback \()")
 # an exception raised by the communication itself (a gloo read error, a reset socket): one more consequence
 _COMMS = re.compile(r"gloo|nccl|c10d|ProcessGroup|socket|Connection (?:reset|refused|closed)|Broken pipe|timed? ?out",
                     re.I)
