@@ -266,3 +266,12 @@ def test_a_nan_loss_the_logged_loss_comes_back_from_is_no_failure(diagnoser):
     # a NaN in the middle, finite losses after it, then NaN again to the end: the last run of NaN counts
     relapse = warmup + trained + [f"episode={i} step={40 * i} reward=0.0 epsilon=0.700 loss=nan" for i in range(60, 64)]
     assert _diagnose(diagnoser, relapse).root.first.line == 60
+
+
+def test_nnunet_train_loss_lines_are_read(diagnoser):
+    # nnU-Net logs "<time>: train_loss -0.4123" once an epoch (its Dice+CE loss is negative)
+    epochs = [f"2024-03-02 {10 + i // 60:02d}:{i % 60:02d}:40.902113: train_loss {-0.2 - i / 100:.4f}" for i in range(20)]
+    ends = epochs + ["2024-03-02 11:00:40.902113: train_loss nan", "2024-03-02 11:00:40.933015: val_loss nan"]
+    d = _diagnose(diagnoser, ends)
+    assert d.root.entry.id == "nan-loss"
+    assert any(fp.detector == trends.NONFINITE for fp in d.scan.hits)

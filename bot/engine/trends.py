@@ -74,6 +74,7 @@ _KEYS: tuple[tuple[str, engines.Pattern], ...] = (
     (LOSS, engines.Pattern(r"\biter \d+: loss ")),  # nanoGPT
     (LOSS, engines.Pattern(r"\b[Ll]oss is ")),  # BigDL's "Loss is 1.26.", "Loss is Infinity."
     (LOSS, engines.Pattern(r"\| loss ")),  # a column of "step 48480 | loss 14.13 | lr ..."
+    (LOSS, engines.Pattern(r"\btrain_loss ")),  # nnU-Net's "2023-08-09 15:17:51.409852: train_loss 0.4123"
     (GRAD_NORM, engines.Pattern(r"\bgrad norm: |['\"]grad_norm['\"]: |\bgrad_norm[=:] ?")),  # mmengine "grad_norm: 3.06"
     # Megatron "loss scale: 1.0 |" (older forks without the colon), fairseq "loss_scale=0.062" and
     # "setting loss scale to: 0.0625", DeepSpeed's overflow lines (new and old wording), Paddle AMP's
