@@ -65,6 +65,18 @@ def test_an_error_line_without_a_traceback_is_not_an_uncaught_exception(diagnose
     assert d.root is None
 
 
+def test_a_runner_stamped_exception_line_that_ends_a_cut_paste_is_the_answer(diagnoser):
+    # a job runner stamps the time on every line it relays; the paste lost the traceback above
+    tail = ("2022-01-23 02:08:36.029 raise ReadError(\"unexpected end of data\")\n"
+            "2022-01-23 02:08:36.029 tarfile.ReadError: unexpected end of data @ train/00000022.tar\n")
+    d = diagnoser.diagnose_text(tail)
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    assert d.root.groups["exception"] == "tarfile.ReadError"
+    # a logger's record about an error keeps its level word after the time: not an uncaught exception
+    logged = "2022-01-23 02:08:36.029 ERROR tarfile.ReadError: unexpected end of data, skipping shard\n"
+    assert diagnoser.diagnose_text(PROGRESS + logged).root is None
+
+
 def test_the_wrapper_alone_is_a_consequence(diagnoser):
     d = diagnoser.diagnose_text(PROGRESS + TABLE.format(code=1))
     assert d.root is not None and d.root.entry.id == "torchelastic-child-failed" and d.cascade_only

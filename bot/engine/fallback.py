@@ -38,8 +38,10 @@ _TYPE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|Except
 # an exception raised by the communication itself (a gloo read error, a reset socket): one more consequence
 _COMMS = re.compile(r"gloo|nccl|c10d|ProcessGroup|socket|Connection (?:reset|refused|closed)|Broken pipe|timed? ?out",
                     re.I)
-# Python's last line of an uncaught exception: the type at the start (after a rank prefix)
-_UNCAUGHT = re.compile(r"^(?:\[[^\]\n]{0,40}\]:? ?)*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::|\s*$)")
+# Python's last line of an uncaught exception: the type at the start (after a rank prefix, or the
+# date and time a job runner stamps on every line it relays)
+_UNCAUGHT = re.compile(r"^(?:\d{4}-\d\d-\d\d[ T][\d:.,]+Z? )?(?:\[[^\]\n]{0,40}\]:? ?)*"
+                       r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::|\s*$)")
 
 
 def _matched_lines(result: ScanResult, roles: tuple[str, ...]) -> list[tuple[int, int]]:
