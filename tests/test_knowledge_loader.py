@@ -27,6 +27,7 @@ def test_a_valid_folder_loads(tmp_path):
         (lambda e: e["fingerprints"][0].update(regex=r"x*"), ["fingerprints[0].regex", "empty string"]),
         (lambda e: e["fingerprints"][0].update(role="maybe"), ["fingerprints[0].role", "maybe"]),
         (lambda e: e["fingerprints"][0].update(role="cascade", condition=True), ["fingerprints[0].condition", "only a root"]),
+        (lambda e: e["fingerprints"][0].update(role="confirm", frame=True), ["fingerprints[0].frame", "only a root"]),
         (lambda e: e["fingerprints"].append(dict(e["fingerprints"][0])), ["fingerprints[1].id", "duplicate"]),
         (lambda e: e["examples"].update(positive=[]), ["examples.positive", "too short"]),
     ],

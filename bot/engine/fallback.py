@@ -99,6 +99,17 @@ def last_exception(result: ScanResult, before: Hit | None = None) -> Marked | No
     return None
 
 
+FRAME_LINES = 40  # a frame this close above the run's last exception is in its traceback
+
+
+def raised_through(frame: Hit, result: ScanResult) -> bool:
+    """Whether the run's last exception, which no fingerprint matched, was raised through this
+    traceback frame (printed below it, in its traceback): a frame of a known function says what the
+    exception was about (a reset connection inside init_process_group is a failed rendezvous)."""
+    m = last_exception(result)
+    return m is not None and m.file == frame.file and frame.line < m.line <= frame.line + FRAME_LINES
+
+
 def wrapped_exception(result: ScanResult) -> tuple[Marked, str] | None:
     """The last report of a wrapper that names the built-in exception type its child raised (Ray's
     `RayTaskError(IndexError): ...`, its capture `inner`), when the run ended on it: the child's own

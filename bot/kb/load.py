@@ -37,6 +37,7 @@ class Fingerprint:
     recovers: bool = False  # the line says the failure before it was recovered from
     condition: bool = False  # a root line that states a condition (no GPU in use), no failure by itself
     logged_loss: bool = False  # the line logs a NaN/Inf loss value: a finite loss logged after it was recovered from
+    frame: bool = False  # a traceback frame: a root only when the run's unmatched last exception was raised through it
     detector: str | None = None  # a bot/engine/trends.py kind instead of a regex
     group: str | None = None  # fingerprints sharing a group are one failure for linking repeats
     group_by: list[str] = field(default_factory=list, hash=False, compare=False)  # captures that tell failures apart
@@ -138,9 +139,10 @@ def parse_entry(path: Path, text: str | None = None) -> Entry:
         if fp["id"] in seen:
             raise KnowledgeError(f"{path}: field fingerprints[{i}].id: duplicate fingerprint id {fp['id']!r}; give each one its own id")
         seen.add(fp["id"])
-        if fp.get("condition") and fp["role"] != "root":
-            raise KnowledgeError(f"{path}: field fingerprints[{i}].condition: only a root fingerprint can state a condition; "
-                                 f"make {fp['id']!r} a root or drop condition")
+        for flag, what in (("condition", "state a condition"), ("frame", "be a frame")):
+            if fp.get(flag) and fp["role"] != "root":
+                raise KnowledgeError(f"{path}: field fingerprints[{i}].{flag}: only a root fingerprint can {what}; "
+                                     f"make {fp['id']!r} a root or drop {flag}")
         problem = engines.check(engines.Pattern(fp["regex"], fp.get("ignorecase", False)))
         if problem:
             raise KnowledgeError(f"{path}: field fingerprints[{i}].regex: {problem}")
