@@ -102,12 +102,11 @@ def last_exception(result: ScanResult, before: Hit | None = None) -> Marked | No
 FRAME_LINES = 40  # a frame this close above the run's last exception is in its traceback
 
 
-def raised_through(frame: Hit, result: ScanResult) -> bool:
-    """Whether the run's last exception, which no fingerprint matched, was raised through this
+def raised_through(frame: Hit, last: Marked | None) -> bool:
+    """Whether `last`, the run's last exception that no fingerprint matched, was raised through this
     traceback frame (printed below it, in its traceback): a frame of a known function says what the
     exception was about (a reset connection inside init_process_group is a failed rendezvous)."""
-    m = last_exception(result)
-    return m is not None and m.file == frame.file and frame.line < m.line <= frame.line + FRAME_LINES
+    return last is not None and last.file == frame.file and frame.line < last.line <= frame.line + FRAME_LINES
 
 
 def wrapped_exception(result: ScanResult) -> tuple[Marked, str] | None:
