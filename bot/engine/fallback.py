@@ -65,13 +65,17 @@ def ended_the_run(file: int, line: int, result: ScanResult) -> bool:
     if recovered(file, line, result):
         return False
     near_end = file < len(result.file_lines) and line > result.file_lines[file] - END_LINES
-    progress = result.file_progress[file] if file < len(result.file_progress) else 0
-    return near_end or 0 < progress < line or failure_reported_after(file, line, result)
+    return near_end or 0 < _last_progress(file, result) < line or failure_reported_after(file, line, result)
 
 
 def training_went_on(file: int, line: int, result: ScanResult) -> bool:
     """Whether its file logged training progress after this line: what failed there ended nothing."""
-    return file < len(result.file_progress) and result.file_progress[file] > line
+    return _last_progress(file, result) > line
+
+
+def _last_progress(file: int, result: ScanResult) -> int:
+    """The line of the file's last progress line (0: none)."""
+    return result.file_progress[file] if file < len(result.file_progress) else 0
 
 
 def last_exception(result: ScanResult, before: Hit | None = None) -> Marked | None:
