@@ -83,6 +83,16 @@ class Bot:
         body = urllib.parse.urlencode({"payload": json.dumps({**payload, "trigger_id": f"trig.{next(_TRIGGERS)}"})})
         return await self.post(body, "application/x-www-form-urlencoded")
 
+    async def kept_message(self, incident_id: int, timeout: float = 30.0) -> dict:
+        """The Slack message the history keeps for an incident, once the outbox has recorded it.
+
+        Slack's side sees the post a moment before the outbox writes its ts down, so poll."""
+        deadline = time.monotonic() + timeout
+        while (kept := await self.deps.history.call("message_for", incident_id)) is None:
+            assert time.monotonic() < deadline, f"incident {incident_id} has no recorded message"
+            await asyncio.sleep(0.05)
+        return kept
+
     async def quiet(self, method: str = "chat.postMessage", seconds: float = 1.5) -> None:
         """Give the bot time to (wrongly) answer, then check it did not."""
         await asyncio.sleep(seconds)

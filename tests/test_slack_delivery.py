@@ -96,7 +96,7 @@ def test_a_post_whose_answer_times_out_is_found_and_not_doubled(tmp_path, kb, sc
             [reply] = bot.fake.posted()
             row = await bot.deps.history.call("show", 1)
             assert row["reply"] == "delivered" and row["thread_ts"] == reply["thread_ts"]
-            assert (await bot.deps.history.call("message_for", 1))["ts"] == reply["ts"]  # its buttons work
+            assert (await bot.kept_message(1))["ts"] == reply["ts"]  # its buttons work
 
     run(scenario())
     assert any("already in Slack" in r.getMessage() for r in caplog.records)
