@@ -410,3 +410,19 @@ File ~/envs/vit/lib/python3.11/site-packages/transformers/feature_extraction_uti
     d = diagnoser.diagnose_text(cell)
     assert d.root is not None and d.root.entry.id == "python-user-code-error"
     assert d.root.groups.get("exception") == "KeyError"
+
+
+def test_a_notebook_paste_cut_below_its_header_counts_ipythons_frame_arrows_as_a_traceback(diagnoser):
+    cell = """/usr/local/lib/python3.10/dist-packages/datasets/builder.py in _download(self, url)
+    412         if bad_splits:
+--> 413             raise NonMatchingSplitsSizesError(str(bad_splits))
+    414
+
+NonMatchingSplitsSizesError: [{'expected': SplitInfo(name='train', num_bytes=2254180000), 'recorded': SplitInfo(name='train', num_bytes=2126051000)}]
+* Expected: 2.10 GiB
+* Got: 1.98 GiB
+See the dataset card for mirrors.
+"""
+    d = diagnoser.diagnose_text(cell)
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    assert d.root.groups.get("exception") == "NonMatchingSplitsSizesError"

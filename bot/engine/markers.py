@@ -45,9 +45,10 @@ LINE_MARKERS: tuple[Marker, ...] = (
     Marker(CHECKPOINT, Pattern(r"\b(sav(ed|ing)|wrote|writing)( the| a)?( model| final)? (checkpoint|ckpt)\b|\bsaving model to\b", True), _PATH),
     # and a frame of a traceback whose header a paste cut off (Python's `  File "x.py", line 3, in f`,
     # rich's boxed "│ ❱ 456 │ ..."), and Hydra's note under a task's uncaught exception, whose
-    # traceback it shortens or leaves out
+    # traceback it shortens or leaves out, and IPython's arrow at the line a frame was in
+    # ("--> 758     raise NonMatchingChecksumError(msg)"), which a notebook paste may keep alone
     Marker(TRACEBACK, Pattern(r"Traceback \(most recent call last\)|" r'\bFile "[^"\n]{1,400}", line \d+, in |'
-                              r"│ ❱ +\d+ │|HYDRA_FULL_ERROR=1 for a complete stack trace")),
+                              r"│ ❱ +\d+ │|HYDRA_FULL_ERROR=1 for a complete stack trace|^-{2,}> +\d+ ")),
     # and the header Python prints over an exception it ignored (in __del__, at interpreter exit),
     # an exception's repr alone on its line (Hydra's "Error in call to target '...':" puts it there),
     # and IPython's header naming the exception over its traceback (a notebook paste may stop before
