@@ -426,3 +426,14 @@ See the dataset card for mirrors.
     d = diagnoser.diagnose_text(cell)
     assert d.root is not None and d.root.entry.id == "python-user-code-error"
     assert d.root.groups.get("exception") == "NonMatchingSplitsSizesError"
+
+
+def test_a_private_exception_class_that_ends_the_run_is_the_answer(diagnoser):
+    log = PROGRESS + """Traceback (most recent call last):
+  File "/workspace/quantize.py", line 41, in <module>
+    scale = torch.linalg.cholesky(hessian)
+torch._C._LinAlgError: linalg.cholesky: The factorization could not be completed because the input is not positive-definite (the leading minor of order 4096 is not positive-definite).
+"""
+    d = diagnoser.diagnose_text(log)
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    assert d.root.groups.get("exception") == "torch._C._LinAlgError"

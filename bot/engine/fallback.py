@@ -33,15 +33,16 @@ LAST_LINES = 3  # without a traceback, an exception line must be this close to t
 IGNORED_LINES = 40  # an exception this close after Python's "Exception ignored in" header is that ignored one
 _IGNORED = re.compile(markers.IGNORED_HEADER)
 # "KeyError: ...", a bare `raise Exception(...)`'s "Exception:", a repr ("TypeError('...')") and
-# IPython's header ("KeyError      Traceback (most recent call last)")
-_TYPE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|Exception))(?=:|\(|\s*$| +Traceback \()")
+# IPython's header ("KeyError      Traceback (most recent call last)"); a private class's name
+# starts with an underscore (torch's "_LinAlgError: linalg.cholesky: ...")
+_TYPE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*(?:_?[A-Z]\w*(?:Error|Exception)|Exception))(?=:|\(|\s*$| +Traceback \()")
 # an exception raised by the communication itself (a gloo read error, a reset socket): one more consequence
 _COMMS = re.compile(r"gloo|nccl|c10d|ProcessGroup|socket|Connection (?:reset|refused|closed)|Broken pipe|timed? ?out",
                     re.I)
 # Python's last line of an uncaught exception: the type at the start (after a rank prefix, or the
 # date and time a job runner stamps on every line it relays)
 _UNCAUGHT = re.compile(r"^(?:\d{4}-\d\d-\d\d[ T][\d:.,]+Z? )?(?:\[[^\]\n]{0,40}\]:? ?)*"
-                       r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::|\s*$)")
+                       r"(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*(?:Error|Exception)(?::|\s*$)")
 
 
 def _matched_lines(result: ScanResult, roles: tuple[str, ...]) -> list[tuple[int, int]]:

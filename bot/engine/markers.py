@@ -53,7 +53,7 @@ LINE_MARKERS: tuple[Marker, ...] = (
     # an exception's repr alone on its line (Hydra's "Error in call to target '...':" puts it there),
     # and IPython's header naming the exception over its traceback (a notebook paste may stop before
     # the exception's own line)
-    Marker(EXCEPTION, Pattern(r"\b([A-Z]\w*(Error|Exception)|Exception)(:|$)|^[A-Z]\w*(Error|Exception)\(|"
+    Marker(EXCEPTION, Pattern(r"\b(_?[A-Z]\w*(Error|Exception)|Exception)(:|$)|^[A-Z]\w*(Error|Exception)\(|"
                               r"^[A-Z]\w*(Error|Exception) +Traceback \(most recent call last\)|" + IGNORED_HEADER)),
     # Only the first KEEP_ERRORS of a file are kept, and a noisy log has thousands: the engine
     # reports a chunk's first one, the scan asks for the next ones (scan.Scanner._next_errors).
