@@ -247,10 +247,23 @@ def _printed_after(a: Hit, b: Hit) -> bool:
     return a.file == b.file and a.line > b.line + LAST_ERROR_LINES
 
 
-def _pick_root(grouped: _Grouped) -> tuple[_EntryHits | None, bool]:
+def _caught(candidate: _EntryHits, roots: list[_EntryHits], headers: list[Marked]) -> bool:
+    """Whether every root line of the candidate is an exception that an `except` block caught, and
+    another candidate's root line comes after the handler's header: what the handler raised is the
+    failure (an ImportError of a prebuilt kernel caught, and the fallback's JIT build that failed)."""
+    below = [fallback.caught_before(h, headers) for h in candidate.hits if h.fingerprint.role == "root"]
+    if not below or None in below:
+        return False
+    return any(o.file == head.file and o.line > head.line for head in below
+               for other in roots if other is not candidate for o in other.hits if o.fingerprint.role == "root")
+
+
+def _pick_root(grouped: _Grouped, result: ScanResult) -> tuple[_EntryHits | None, bool]:
     """(root, cascade_only): the earliest well-supported root candidate not explained by another."""
     present, conditions = grouped.present, grouped.conditions
     roots = [e for e in present.values() if "root" in e.roles]
+    if headers := fallback.handled_headers(result):
+        roots = [e for e in roots if not _caught(e, roots, headers)]
     strong = [e for e in roots if e.score >= WELL_SUPPORTED]
     if strong:
         # A candidate whose known cause is also in the log is that cause's consequence.
@@ -319,13 +332,13 @@ def _spread(result: ScanResult) -> dict[str, tuple[set, set]]:
 def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> Diagnosis:
     """Root, collateral and related findings from one scan."""
     grouped = _group_by_entry(kb, result)
-    root, cascade_only = _pick_root(grouped)
+    root, cascade_only = _pick_root(grouped, result)
     if root is None or cascade_only and root.entry.wrapper:
         # Only a wrapper (or nothing) reported the failure: the child's own exception says more,
         # and failing that, what confirms how it died (a SIGKILL from outside, a segfault).
         if fallback.add_last_exception(kb, result):
             grouped = _group_by_entry(kb, result)
-            root, cascade_only = _pick_root(grouped)
+            root, cascade_only = _pick_root(grouped, result)
         elif (named := _confirmed_failure(kb, grouped, result)) is not None:
             root, cascade_only = named, False
         elif grouped.conditions:  # nothing failed that says more than how the run ran (on the CPU)
@@ -338,7 +351,7 @@ def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> 
         # Only consequences were found (a collective time-out on the other ranks): an uncaught
         # exception printed above the first of them, after which training stopped, started it.
         grouped = _group_by_entry(kb, result)
-        root, cascade_only = _pick_root(grouped)
+        root, cascade_only = _pick_root(grouped, result)
     spread = _spread(result)
     findings: list[Finding] = []
     if root is not None:

@@ -32,6 +32,9 @@ END_LINES = 40  # an exception this close to the end of its file ended the run
 LAST_LINES = 3  # without a traceback, an exception line must be this close to the end
 IGNORED_LINES = 40  # an exception this close after Python's "Exception ignored in" header is that ignored one
 _IGNORED = re.compile(markers.IGNORED_HEADER)
+_HEADERS = re.compile(f"{markers.IGNORED_HEADER}|{markers.HANDLED_HEADER}")
+_HANDLED = re.compile(markers.HANDLED_HEADER)
+CAUGHT_LINES = 8  # an exception's line this close above "During handling of the above exception" is that exception
 # "KeyError: ...", a bare `raise Exception(...)`'s "Exception:", a repr ("TypeError('...')") and
 # IPython's header ("KeyError      Traceback (most recent call last)"); a private class's name
 # starts with an underscore (torch's "_LinAlgError: linalg.cholesky: ...")
@@ -89,9 +92,9 @@ def last_exception(result: ScanResult, before: Hit | None = None) -> Marked | No
     matched = set(_matched_lines(result, ("root", "cascade", "confirm")))
     blocks = ignored_blocks(result)
     for m in reversed(result.last_exceptions):
-        if (m.file, m.line) in matched or _IGNORED.search(m.text) or logged_exception(m.text):
-            continue  # a wrapper's exception, a line a known entry already explains, an "ignored" header,
-            # an exception line a WARNING log record quotes
+        if (m.file, m.line) in matched or _HEADERS.search(m.text) or logged_exception(m.text):
+            continue  # a wrapper's exception, a line a known entry already explains, Python's header
+            # over an ignored or a handled exception, an exception line a WARNING log record quotes
         if before is not None and (m.file != before.file or m.line >= before.line or _COMMS.search(m.text)
                                    or training_went_on(m.file, m.line, result)):
             continue
@@ -152,6 +155,17 @@ def ignored_blocks(result: ScanResult) -> list[tuple[int, int, int]]:
             if end is not None:
                 blocks.append((header.file, header.line, end))
     return blocks
+
+
+def handled_headers(result: ScanResult) -> list[Marked]:
+    """Python's "During handling of the above exception, another exception occurred" lines, among
+    the last exception lines kept: the exception above each was caught, and its handler raised."""
+    return [m for m in result.last_exceptions if _HANDLED.search(m.text)]
+
+
+def caught_before(hit: Hit, headers: list[Marked]) -> Marked | None:
+    """The handled header right under this hit's exception (it was caught), or None."""
+    return next((h for h in headers if h.file == hit.file and hit.line < h.line <= hit.line + CAUGHT_LINES), None)
 
 
 def in_blocks(file: int, line: int, blocks: list[tuple[int, int, int]]) -> bool:

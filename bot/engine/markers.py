@@ -15,6 +15,8 @@ from bot.match.engines import Pattern
 
 ITERATION, CHECKPOINT, EXCEPTION, TRACEBACK, ERROR = "iteration", "checkpoint", "exception", "traceback", "error"
 IGNORED_HEADER = r"\bException ignored in\b"  # Python's line over an exception it reports and goes on
+# Python's line between an exception that an `except` block caught and the one that block raised
+HANDLED_HEADER = r"\bDuring handling of the above exception, another exception occurred"
 
 
 @dataclass(frozen=True)
@@ -50,11 +52,12 @@ LINE_MARKERS: tuple[Marker, ...] = (
     Marker(TRACEBACK, Pattern(r"Traceback \(most recent call last\)|" r'\bFile "[^"\n]{1,400}", line \d+, in |'
                               r"│ ❱ +\d+ │|HYDRA_FULL_ERROR=1 for a complete stack trace|^-{2,}> +\d+ ")),
     # and the header Python prints over an exception it ignored (in __del__, at interpreter exit),
+    # the one under an exception that was caught and whose handler raised another,
     # an exception's repr alone on its line (Hydra's "Error in call to target '...':" puts it there),
     # and IPython's header naming the exception over its traceback (a notebook paste may stop before
     # the exception's own line)
     Marker(EXCEPTION, Pattern(r"\b(_?[A-Z]\w*(Error|Exception)|Exception)(:|$)|^[A-Z]\w*(Error|Exception)\(|"
-                              r"^[A-Z]\w*(Error|Exception) +Traceback \(most recent call last\)|" + IGNORED_HEADER)),
+                              r"^[A-Z]\w*(Error|Exception) +Traceback \(most recent call last\)|" + IGNORED_HEADER + "|" + HANDLED_HEADER)),
     # Only the first KEEP_ERRORS of a file are kept, and a noisy log has thousands: the engine
     # reports a chunk's first one, the scan asks for the next ones (scan.Scanner._next_errors).
     Marker(ERROR, Pattern(r"\b(error|fatal)\b", True, first_only=True)),
