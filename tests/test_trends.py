@@ -49,11 +49,19 @@ def test_a_diverging_megatron_loss_is_found_at_the_line_where_it_turned(diagnose
 def test_a_spike_that_comes_back_val_loss_and_too_little_history_stay_silent(diagnoser):
     recovered = _megatron([2.0] * 30 + [7.5, 6.1, 2.2, 2.0, 1.9] + [1.9] * 10)
     assert _finding(_diagnose(diagnoser, recovered), "loss-spike") is None
-    short = _megatron([2.0] * 5 + [8.0, 8.0, 8.0])
+    short = _megatron([2.0] * 2 + [8.0])
     assert _finding(_diagnose(diagnoser, short), "loss-spike") is None
     val = [f"step {i}: train loss 2.0{i % 10}, val loss {2.0 if i < 20 else 9.0:.2f}" for i in range(40)]
     val += [f"Epoch 1 | Validation loss: {9.5:.2f}"] * 5
     assert _finding(_diagnose(diagnoser, val), "loss-spike") is None
+
+
+def test_a_short_paste_of_a_loss_that_climbs_and_stays_is_a_divergence(diagnoser):
+    """Four HF Trainer loss dicts, as an issue thread quotes them: the fourth is many times the first three."""
+    lines = [f"{{'loss': {v}, 'learning_rate': 0.0002, 'epoch': {0.14 * (i + 1):.2f}}}"
+             for i, v in enumerate([2.41, 3.02, 7.88, 41.5])]
+    spike = _finding(_diagnose(diagnoser, lines), "loss-spike")
+    assert spike is not None and spike.first.line == 4
 
 
 def test_divergence_early_in_a_long_log_is_read_over_the_whole_run(diagnoser):

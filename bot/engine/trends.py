@@ -48,7 +48,7 @@ TIMED_LINES = 2  # progress lines of a window read for their time (one gap a win
 
 SPIKE_FACTOR = 3.0
 RECOVERY_FACTOR = 2.0
-MIN_HISTORY = 10
+MIN_HISTORY = 3  # a paste from an issue thread may hold a handful of logged losses
 HISTORY = 100
 SCALE_FLOOR = 1.0
 CALIBRATION_ITERATIONS = 100
