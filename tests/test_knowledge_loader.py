@@ -25,6 +25,7 @@ def test_a_valid_folder_loads(tmp_path):
         (lambda e: e["fingerprints"][0].update(regex=r"(?<=x)oom"), ["fingerprints[0].regex", "RE2 cannot compile"]),
         (lambda e: e["fingerprints"][0].update(regex=r"(a)\1"), ["fingerprints[0].regex", "RE2 cannot compile"]),
         (lambda e: e["fingerprints"][0].update(regex=r"x*"), ["fingerprints[0].regex", "empty string"]),
+        (lambda e: e["fingerprints"][0].update(regex=r"段错误 *[(（]core"), ["fingerprints[0].regex", "'（'", "alternative"]),
         (lambda e: e["fingerprints"][0].update(role="maybe"), ["fingerprints[0].role", "maybe"]),
         (lambda e: e["fingerprints"][0].update(role="cascade", condition=True), ["fingerprints[0].condition", "only a root"]),
         (lambda e: e["fingerprints"][0].update(role="confirm", frame=True), ["fingerprints[0].frame", "only a root"]),

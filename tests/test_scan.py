@@ -232,3 +232,10 @@ def test_the_re2_fallback_compiles_three_times_the_shipped_fingerprints(kb):
     engine = engines.RE2Engine(patterns)
     line = b"[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
     assert engine.scan(line, 0, len(line))
+
+
+@pytest.mark.parametrize("line, entry", [("run.sh: line 12: 40213 段错误 （核心已转储） python train.py", "segfault"),
+                                         ("run.sh: line 12: 40213 总线错误 （核心已转储） python train.py", "shm-exhausted")])
+def test_a_full_width_parenthesis_matches_under_every_engine(diagnoser, line, entry):
+    d = diagnoser.diagnose_text(f"epoch 3 step 120 loss 1.92\n{line}\n")
+    assert d.root is not None and d.root.entry.id == entry

@@ -62,11 +62,33 @@ def check(pattern: Pattern) -> str | None:
         return f"RE2 cannot compile it ({exc}); rewrite without backreferences or lookaround"
     if compiled.search(b"") is not None:
         return "it matches the empty string, so it would match every line; make it require text"
+    if wide := _non_ascii_in_class(pattern.regex):
+        return (f"the character class holding {wide!r} is read byte by byte by Hyperscan, so it never matches "
+                f"that character there; write it as an alternative instead, e.g. (?:\\(|（)")
     if hyperscan is not None:
         try:
             _hyperscan_db([pattern])
         except hyperscan.error as exc:
             return f"Hyperscan cannot compile it ({exc}); simplify the pattern"
+    return None
+
+
+def _non_ascii_in_class(regex: str) -> str | None:
+    """The first non-ASCII character inside a [...] class of `regex`, or None. Hyperscan compiles
+    patterns as bytes, where such a class holds the character's UTF-8 bytes one by one."""
+    in_class = escaped = False
+    for i, c in enumerate(regex):
+        if escaped:
+            escaped = False
+        elif c == "\\":
+            escaped = True
+        elif in_class:
+            if c == "]" and regex[i - 1] != "[" and regex[i - 2:i] != "[^":
+                in_class = False
+            elif ord(c) > 127:
+                return c
+        elif c == "[":
+            in_class = True
     return None
 
 
