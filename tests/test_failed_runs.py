@@ -437,3 +437,38 @@ torch._C._LinAlgError: linalg.cholesky: The factorization could not be completed
     d = diagnoser.diagnose_text(log)
     assert d.root is not None and d.root.entry.id == "python-user-code-error"
     assert d.root.groups.get("exception") == "torch._C._LinAlgError"
+
+
+def test_an_unknown_wording_of_a_refused_path_is_permission_denied_by_its_class(diagnoser):
+    log = PROGRESS + """Traceback (most recent call last):
+  File "/workspace/train.py", line 57, in prepare_run_dir
+    raise PermissionError(f"run directory {path} is owned by another user")
+PermissionError: run directory /scratch/team/runs/exp-0007 is owned by another user
+"""
+    d = diagnoser.diagnose_text(log)
+    assert d.root is not None and d.root.entry.id == "permission-denied" and d.confidence == "low"
+    assert "exp-0007" in d.root.first.text
+
+
+def test_the_class_a_ray_wrapper_names_picks_the_entry_that_explains_it(diagnoser):
+    log = """(_train_tune pid=41172) Global seed set to 1
+2024-10-02 09:52:35,231\tERROR tune_controller.py:1502 -- Trial task failed for trial _train_tune_0a1b2_00000
+Traceback (most recent call last):
+  File "/opt/conda/lib/python3.10/site-packages/ray/_private/worker.py", line 2667, in get
+    raise value.as_instanceof_cause()
+ray.exceptions.RayTaskError(FileNotFoundError): ray::ImplicitFunc.train() (pid=41172, ip=10.0.0.7, repr=_train_tune)
+"""
+    d = diagnoser.diagnose_text(log)
+    assert d.root is not None and d.root.entry.id == "file-not-found"
+    assert d.root.groups.get("exception") == "FileNotFoundError"
+
+
+def test_an_error_logged_before_the_worker_group_succeeded_ended_nothing(diagnoser):
+    log = """[2025-01-22 17:40:02,551] torch.distributed.elastic.agent.server.api: [INFO] [default] worker group successfully finished. Waiting 300 seconds for other agents to finish.
+E0122 17:45:02.901000 140021 torch/distributed/elastic/agent/server/api.py:1191] Error waiting on exit barrier. Elapsed: 300.35 seconds
+E0122 17:45:02.901000 140021 torch/distributed/elastic/agent/server/api.py:1191] Traceback (most recent call last):
+E0122 17:45:02.901000 140021 torch/distributed/elastic/agent/server/api.py:1191]     store.wait([last_member_key])
+E0122 17:45:02.901000 140021 torch/distributed/elastic/agent/server/api.py:1191] torch.distributed.DistStoreError: Stop_waiting response is expected
+[2025-01-22 17:45:03,004] torch.distributed.elastic.agent.server.api: [INFO] Local worker group finished (WorkerState.SUCCEEDED). Waiting 300 seconds for other agents to finish
+"""
+    assert diagnoser.diagnose_text(log).root is None

@@ -30,6 +30,9 @@ def test_a_valid_folder_loads(tmp_path):
         (lambda e: e["fingerprints"][0].update(role="cascade", condition=True), ["fingerprints[0].condition", "only a root"]),
         (lambda e: e["fingerprints"][0].update(role="confirm", frame=True), ["fingerprints[0].frame", "only a root"]),
         (lambda e: e["fingerprints"].append(dict(e["fingerprints"][0])), ["fingerprints[1].id", "duplicate"]),
+        (lambda e: e.update(detectors=[{"id": "climb", "kind": "loss-spike", "role": "root", "strength": 0.3,
+                                        "meaning": "a loss that climbs", "types": ["KeyError"]}]),
+         ["detectors[0].types", "only a last-exception detector"]),
         (lambda e: e["examples"].update(positive=[]), ["examples.positive", "too short"]),
     ],
 )

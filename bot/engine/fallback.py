@@ -2,8 +2,9 @@
 
 A run that died on an exception the knowledge base has no entry for (`KeyError: 'SLURM_NTASKS'`
 of a custom class, `RuntimeError: Found dtype Half but expected Float`) must not get silence.
-Entries that declare a `last-exception` detector (python-user-code-error) take that line as a weak
-root, when the log shows that the run failed of it: a launcher or the scheduler reported a failure
+Entries that declare a `last-exception` detector (python-user-code-error; file-not-found for a
+FileNotFoundError, when its detector names that class in `types`) take that line as a weak root,
+when the log shows that the run failed of it: a launcher or the scheduler reported a failure
 after it (a cascade fingerprint hit: ChildFailedError, `srun: error: ... Exited with exit code 1`),
 it is among the last lines of its file, or it comes after the file's last progress line (training
 stopped before it, and a runtime's long error dump may follow). With no traceback anywhere (a paste
@@ -25,7 +26,7 @@ import re
 from bot.engine import markers
 from bot.engine.context import line_context, logged_exception
 from bot.engine.scan import FingerprintHits, Hit, Marked, ScanResult
-from bot.kb.load import KnowledgeBase
+from bot.kb.load import Fingerprint, KnowledgeBase
 
 LAST_EXCEPTION = "last-exception"
 END_LINES = 40  # an exception this close to the end of its file ended the run
@@ -173,11 +174,9 @@ def in_blocks(file: int, line: int, blocks: list[tuple[int, int, int]]) -> bool:
 
 
 def add_last_exception(kb: KnowledgeBase, result: ScanResult, before: Hit | None = None) -> bool:
-    """Record the run's last exception (printed above `before`, when given) as a hit of every
-    `last-exception` detector; True if one was added."""
-    detectors = kb.detectors(LAST_EXCEPTION)
-    if not detectors:
-        return False
+    """Record the run's last exception (printed above `before`, when given) as a hit of the
+    `last-exception` detectors that name its type (a FileNotFoundError whose wording no fingerprint
+    knows is still file-not-found's), else of those that name none; True if one was added."""
     m = last_exception(result, before)
     if m is not None:
         kind = _TYPE.search(m.text)
@@ -186,6 +185,9 @@ def add_last_exception(kb: KnowledgeBase, result: ScanResult, before: Hit | None
         m, groups = wrapped[0], {"exception": wrapped[1]}
     else:
         return False
+    detectors = _detectors_for(kb, groups.get("exception", ""))
+    if not detectors:
+        return False
     ctx = line_context(m.text)
     for fp in detectors:
         hit = Hit(fingerprint=fp, file=m.file, line=m.line, text=m.text, rank=ctx.rank, host=ctx.host,
@@ -193,6 +195,14 @@ def add_last_exception(kb: KnowledgeBase, result: ScanResult, before: Hit | None
                   iteration=m.iteration, checkpoint=m.checkpoint)
         result.hits.setdefault(fp, FingerprintHits()).add(hit)
     return True
+
+
+def _detectors_for(kb: KnowledgeBase, exception: str) -> list[Fingerprint]:
+    """The last-exception detectors naming this exception class (`torch.serialization.FileNotFoundError`
+    is a FileNotFoundError), else those naming none."""
+    short = exception.rsplit(".", 1)[-1]
+    detectors = kb.detectors(LAST_EXCEPTION)
+    return [d for d in detectors if short in d.types] or [d for d in detectors if not d.types]
 
 
 _EXIT_GROUPS = ("exitcode", "returncode", "exit_code")

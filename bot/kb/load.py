@@ -38,6 +38,7 @@ class Fingerprint:
     condition: bool = False  # a root line that states a condition (no GPU in use), no failure by itself
     logged_loss: bool = False  # the line logs a NaN/Inf loss value: a finite loss logged after it was recovered from
     frame: bool = False  # a traceback frame: a root only when the run's unmatched last exception was raised through it
+    types: tuple[str, ...] = ()  # a last-exception detector's exception classes (none: any other)
     detector: str | None = None  # a bot/engine/trends.py kind instead of a regex
     group: str | None = None  # fingerprints sharing a group are one failure for linking repeats
     group_by: list[str] = field(default_factory=list, hash=False, compare=False)  # captures that tell failures apart
@@ -146,6 +147,10 @@ def parse_entry(path: Path, text: str | None = None) -> Entry:
         problem = engines.check(engines.Pattern(fp["regex"], fp.get("ignorecase", False)))
         if problem:
             raise KnowledgeError(f"{path}: field fingerprints[{i}].regex: {problem}")
+    for i, d in enumerate(data.get("detectors", [])):
+        if d.get("types") and d["kind"] != "last-exception":
+            raise KnowledgeError(f"{path}: field detectors[{i}].types: only a last-exception detector names exception "
+                                 f"types; drop types from {d['id']!r}")
     return _entry(path, data)
 
 
@@ -153,7 +158,7 @@ def _entry(path: Path, data: dict) -> Entry:
     fingerprints = tuple(Fingerprint(entry=data["id"], **fp) for fp in data["fingerprints"])
     detectors = tuple(
         Fingerprint(entry=data["id"], id=d["id"], regex="", role=d["role"], strength=d["strength"],
-                    meaning=d["meaning"], detector=d["kind"])
+                    meaning=d["meaning"], detector=d["kind"], types=tuple(d.get("types", ())))
         for d in data.get("detectors", [])
     )
     return Entry(id=data["id"], data=data, source=path, fingerprints=fingerprints, detectors=detectors)
