@@ -58,6 +58,16 @@ def message(text: str, ts: str = "1700000100.000100", **extra) -> dict:
     return {"type": "message", "channel": CHANNEL, "channel_type": "channel", "user": USER, "text": text, "ts": ts, **extra}
 
 
+async def eventually(read, done, what: str, timeout: float = 30.0):
+    """What `read()` returns once `done` holds of it: Slack's side sees a call a moment before the
+    outbox writes down what came of it, so a test that reads the history polls."""
+    deadline = time.monotonic() + timeout
+    while not done(value := await read()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+    return value
+
+
 @dataclass
 class Bot:
     fake: FakeSlack
@@ -83,15 +93,10 @@ class Bot:
         body = urllib.parse.urlencode({"payload": json.dumps({**payload, "trigger_id": f"trig.{next(_TRIGGERS)}"})})
         return await self.post(body, "application/x-www-form-urlencoded")
 
-    async def kept_message(self, incident_id: int, timeout: float = 30.0) -> dict:
-        """The Slack message the history keeps for an incident, once the outbox has recorded it.
-
-        Slack's side sees the post a moment before the outbox writes its ts down, so poll."""
-        deadline = time.monotonic() + timeout
-        while (kept := await self.deps.history.call("message_for", incident_id)) is None:
-            assert time.monotonic() < deadline, f"incident {incident_id} has no recorded message"
-            await asyncio.sleep(0.05)
-        return kept
+    async def kept_message(self, incident_id: int) -> dict:
+        """The Slack message the history keeps for an incident, once the outbox has recorded it."""
+        return await eventually(lambda: self.deps.history.call("message_for", incident_id),
+                                lambda kept: kept is not None, f"incident {incident_id}'s recorded message")
 
     async def quiet(self, method: str = "chat.postMessage", seconds: float = 1.5) -> None:
         """Give the bot time to (wrongly) answer, then check it did not."""

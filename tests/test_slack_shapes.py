@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from slack_fake import BOT_TOKEN, FakeSlack
-from slackbot import CHANNEL, USER, message, running_bot, socket_bot
+from slackbot import CHANNEL, USER, eventually, message, running_bot, socket_bot
 from test_slack_bot import LONG_REPORT, _text_of, run
 from test_slurm import record, steps
 
@@ -505,11 +505,8 @@ def test_an_answer_through_response_url_is_retried_before_it_expires_and_not_giv
             tries = await fake.wait_for("response_url", 3)
             assert [c.params["response_type"] for c in tries] == ["in_channel"] * 3
             assert all(c.at < expires for c in tries)
-            for _ in range(200):  # the outbox writes its state down a moment after Slack's answer
-                if await store.call("outbox_state", "command:trig.url#1") == "sent":
-                    break
-                await asyncio.sleep(0.05)
-            assert await store.call("outbox_state", "command:trig.url#1") == "sent"
+            await eventually(lambda: store.call("outbox_state", "command:trig.url#1"), lambda state: state == "sent",
+                             "the reply's outbox row to be sent")
 
     run(scenario())
 
