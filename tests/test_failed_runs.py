@@ -472,3 +472,24 @@ E0122 17:45:02.901000 140021 torch/distributed/elastic/agent/server/api.py:1191]
 [2025-01-22 17:45:03,004] torch.distributed.elastic.agent.server.api: [INFO] Local worker group finished (WorkerState.SUCCEEDED). Waiting 300 seconds for other agents to finish
 """
     assert diagnoser.diagnose_text(log).root is None
+
+
+def test_a_paste_cut_inside_a_traceback_names_its_last_frame(diagnoser):
+    log = PROGRESS + """Traceback (most recent call last):
+  File "/workspace/train.py", line 88, in <module>
+    main()
+  File "/workspace/train.py", line 61, in main
+    trainer.fit(model, datamodule=dm)
+    ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+"""
+    d = diagnoser.diagnose_text(log)
+    assert d.root is not None and d.root.entry.id == "python-user-code-error" and d.confidence == "low"
+    assert d.root.first.line == 204 and 'line 61, in main' in d.root.first.text
+
+
+@pytest.mark.parametrize("ending", [
+    '  File "/workspace/train.py", line 61 in main\n',  # faulthandler's dump of a live process: no comma
+    '  File "/workspace/train.py", line 61, in main\n    trainer.fit(model)\nstep 5 loss 1.2\n',
+])
+def test_a_log_that_does_not_end_inside_a_traceback_names_no_cut_frame(diagnoser, ending):
+    assert diagnoser.diagnose_text(PROGRESS + ending).root is None

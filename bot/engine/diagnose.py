@@ -347,6 +347,9 @@ def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> 
             # a wrapper's report with training logged after it: a side command failed and was handled
             grouped.present.pop(root.entry.id)
             root = None
+        if root is None and fallback.add_cut_frame(kb, result):
+            grouped = _group_by_entry(kb, result)
+            root, cascade_only = _pick_root(grouped, result)
     elif cascade_only and fallback.add_last_exception(kb, result, before=root.hits[0]):
         # Only consequences were found (a collective time-out on the other ranks): an uncaught
         # exception printed above the first of them, after which training stopped, started it.

@@ -16,7 +16,9 @@ and a wrapper's own exception (ChildFailedError, CalledProcessError) is never th
 exception line explains it, the built-in exception type a wrapper names (Ray's
 `RayTaskError(IndexError)`) is the child's error, and the signal a wrapper reports the child died
 of (-9, 137, signal 11) names the entry that explains that signal (diagnose.py). A failure the
-launcher restarted from (a `recovers` line after it) ended nothing.
+launcher restarted from (a `recovers` line after it) ended nothing. When nothing at all says how the
+run failed and a file ends inside a traceback, before its exception line (a paste cut there), its
+last frame stands for the exception.
 """
 from __future__ import annotations
 
@@ -185,16 +187,26 @@ def add_last_exception(kb: KnowledgeBase, result: ScanResult, before: Hit | None
         m, groups = wrapped[0], {"exception": wrapped[1]}
     else:
         return False
-    detectors = _detectors_for(kb, groups.get("exception", ""))
-    if not detectors:
+    return _record(_detectors_for(kb, groups.get("exception", "")), m, groups, result)
+
+
+def add_cut_frame(kb: KnowledgeBase, result: ScanResult) -> bool:
+    """When nothing else says how the run failed and a file ends inside a traceback, before its
+    exception line (a paste cut there), record that traceback's last frame as the uncaught
+    exception of the detectors that name no type; True if one was added."""
+    if not result.cut_frames:
         return False
+    return _record(_detectors_for(kb, ""), result.cut_frames[-1], {}, result)
+
+
+def _record(detectors: list[Fingerprint], m: Marked, groups: dict[str, str], result: ScanResult) -> bool:
     ctx = line_context(m.text)
     for fp in detectors:
         hit = Hit(fingerprint=fp, file=m.file, line=m.line, text=m.text, rank=ctx.rank, host=ctx.host,
                   time=ctx.time, time_key=ctx.time_key, groups=groups,
                   iteration=m.iteration, checkpoint=m.checkpoint)
         result.hits.setdefault(fp, FingerprintHits()).add(hit)
-    return True
+    return bool(detectors)
 
 
 def _detectors_for(kb: KnowledgeBase, exception: str) -> list[Fingerprint]:

@@ -64,6 +64,29 @@ LINE_MARKERS: tuple[Marker, ...] = (
 )
 
 
+# A traceback frame as Python prints it (faulthandler's dumps, which a hang prints on purpose, have no
+# comma before "in") and IPython's arrow at a frame's line. RE2: it reads a file's last lines.
+_FRAME = re2.compile(r'File "[^"\n]{1,400}", line \d+, in |^-{2,}> +\d+ ')
+CUT_TAIL_BYTES = 4096  # a file's last bytes read for a traceback it ends inside
+
+
+def cut_traceback(tail: bytes) -> tuple[int, str] | None:
+    """Where a file ends inside a traceback, before its exception line (a paste cut there, a process
+    killed while printing it): (how many lines before the file's last line, the last frame line), or
+    None. The frame may be followed by its source line, and that by the carets under it."""
+    lines = tail[-CUT_TAIL_BYTES:].decode("utf-8", "replace").split("\n")
+    if tail.endswith(b"\n"):
+        lines.pop()  # the file's last line is the one before its final newline
+    end = len(lines)
+    while end and not lines[end - 1].strip():
+        end -= 1
+    carets = end >= 3 and not lines[end - 1].strip().strip("^~")
+    for at in (end - 1, end - 2) + ((end - 3,) if carets else ()):
+        if at >= 0 and _FRAME.search(lines[at]):
+            return len(lines) - 1 - at, lines[at].rstrip("\r")
+    return None
+
+
 def checkpoint(line: str) -> str | None:
     """The path a checkpoint line names, or None."""
     paths = _PATH.findall(line)

@@ -133,6 +133,7 @@ class ScanResult:
     file_lines: list[int] = field(default_factory=list)  # lines of each file, in `files` order
     file_progress: list[int] = field(default_factory=list)  # each file's last progress line (0: none)
     loss_back: dict[int, int] = field(default_factory=dict)  # by file: the last finite loss logged after NaN/Inf ones
+    cut_frames: list[Marked] = field(default_factory=list)  # the last frame of each file that ends inside a traceback
 
     def merge(self, later: ScanResult) -> None:
         """Add the result of files scanned on their own (another process), which come after these."""
@@ -155,6 +156,7 @@ class ScanResult:
         room = KEEP_ERRORS - len(self.first_errors)
         self.first_errors += [replace(m, file=m.file + shift) for m in later.first_errors[:max(0, room)]]
         self.last_exceptions.extend(replace(m, file=m.file + shift) for m in later.last_exceptions)
+        self.cut_frames += [replace(m, file=m.file + shift) for m in later.cut_frames]
         self.warnings += [w for w in later.warnings if w not in self.warnings]
 
 
@@ -320,6 +322,7 @@ class Scanner:
         kept = {self._pid[fp]: len(fph.first) for fp, fph in result.hits.items() if fp in self._pid}
         st, series, tail = self._read(stream, file_no, 0, None, kept)
         self._finish(st, result)
+        _note_cut_traceback(tail, st.lines, file_no, result)
         if series is not None:
             self._trends(series.summary, st.iteration, st.iteration_line, st.checkpoint, tail, file_no, result)
         return result
@@ -369,6 +372,7 @@ class Scanner:
         result.bytes += size
         result.file_lines.append(lines)
         result.file_progress.append(iteration_line)
+        _note_cut_traceback(tail, lines, file_no, result)
         if any(self.detectors.values()):
             self._trends(summary, iteration, iteration_line, checkpoint, tail, file_no, result)
         return result
@@ -663,6 +667,14 @@ def _in_memory(stream: BinaryIO, limit: int) -> bytes | None:
     data = stream.getvalue()[stream.tell():]
     stream.seek(0, io.SEEK_END)
     return data
+
+
+def _note_cut_traceback(tail: bytes, lines: int, file_no: int, result: ScanResult) -> None:
+    """Keep the last frame of a file that ends inside a traceback (redacted, like every kept line)."""
+    cut = markers.cut_traceback(tail)
+    if cut is not None:
+        back, frame = cut
+        result.cut_frames.append(Marked(file_no, lines - back, _clip(frame, 0, 0)))
 
 
 def _iteration(line: bytes | None) -> str | None:
