@@ -329,16 +329,20 @@ def _spread(result: ScanResult) -> dict[str, tuple[set, set]]:
     return out
 
 
+def _judge(kb: KnowledgeBase, result: ScanResult) -> tuple[_Grouped, _EntryHits | None, bool]:
+    """The scan's hits by entry, and the root they name (again after a fallback added one)."""
+    grouped = _group_by_entry(kb, result)
+    return (grouped, *_pick_root(grouped, result))
+
+
 def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> Diagnosis:
     """Root, collateral and related findings from one scan."""
-    grouped = _group_by_entry(kb, result)
-    root, cascade_only = _pick_root(grouped, result)
+    grouped, root, cascade_only = _judge(kb, result)
     if root is None or cascade_only and root.entry.wrapper:
         # Only a wrapper (or nothing) reported the failure: the child's own exception says more,
         # and failing that, what confirms how it died (a SIGKILL from outside, a segfault).
         if fallback.add_last_exception(kb, result):
-            grouped = _group_by_entry(kb, result)
-            root, cascade_only = _pick_root(grouped, result)
+            grouped, root, cascade_only = _judge(kb, result)
         elif (named := _confirmed_failure(kb, grouped, result)) is not None:
             root, cascade_only = named, False
         elif grouped.conditions:  # nothing failed that says more than how the run ran (on the CPU)
@@ -348,13 +352,11 @@ def analyse(kb: KnowledgeBase, result: ScanResult, jobid: str | None = None) -> 
             grouped.present.pop(root.entry.id)
             root = None
         if root is None and fallback.add_cut_frame(kb, result):
-            grouped = _group_by_entry(kb, result)
-            root, cascade_only = _pick_root(grouped, result)
+            grouped, root, cascade_only = _judge(kb, result)
     elif cascade_only and fallback.add_last_exception(kb, result, before=root.hits[0]):
         # Only consequences were found (a collective time-out on the other ranks): an uncaught
         # exception printed above the first of them, after which training stopped, started it.
-        grouped = _group_by_entry(kb, result)
-        root, cascade_only = _pick_root(grouped, result)
+        grouped, root, cascade_only = _judge(kb, result)
     spread = _spread(result)
     findings: list[Finding] = []
     if root is not None:

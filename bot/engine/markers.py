@@ -14,6 +14,9 @@ import re2
 from bot.match.engines import Pattern
 
 ITERATION, CHECKPOINT, EXCEPTION, TRACEBACK, ERROR = "iteration", "checkpoint", "exception", "traceback", "error"
+# A traceback frame as Python prints it (faulthandler's dumps, which a hang prints on purpose, have no
+# comma before "in") and IPython's arrow at the line a frame was in ("--> 758     raise ...")
+FRAME = r'\bFile "[^"\n]{1,400}", line \d+, in |^-{2,}> +\d+ '
 IGNORED_HEADER = r"\bException ignored in\b"  # Python's line over an exception it reports and goes on
 # Python's line between an exception that an `except` block caught and the one that block raised
 HANDLED_HEADER = r"\bDuring handling of the above exception, another exception occurred"
@@ -49,8 +52,8 @@ LINE_MARKERS: tuple[Marker, ...] = (
     # rich's boxed "│ ❱ 456 │ ..."), and Hydra's note under a task's uncaught exception, whose
     # traceback it shortens or leaves out, and IPython's arrow at the line a frame was in
     # ("--> 758     raise NonMatchingChecksumError(msg)"), which a notebook paste may keep alone
-    Marker(TRACEBACK, Pattern(r"Traceback \(most recent call last\)|" r'\bFile "[^"\n]{1,400}", line \d+, in |'
-                              r"│ ❱ +\d+ │|HYDRA_FULL_ERROR=1 for a complete stack trace|^-{2,}> +\d+ ")),
+    Marker(TRACEBACK, Pattern(r"Traceback \(most recent call last\)|│ ❱ +\d+ │|HYDRA_FULL_ERROR=1 for a complete stack trace|"
+                              + FRAME)),
     # and the header Python prints over an exception it ignored (in __del__, at interpreter exit),
     # the one under an exception that was caught and whose handler raised another,
     # an exception's repr alone on its line (Hydra's "Error in call to target '...':" puts it there),
@@ -64,9 +67,7 @@ LINE_MARKERS: tuple[Marker, ...] = (
 )
 
 
-# A traceback frame as Python prints it (faulthandler's dumps, which a hang prints on purpose, have no
-# comma before "in") and IPython's arrow at a frame's line. RE2: it reads a file's last lines.
-_FRAME = re2.compile(r'File "[^"\n]{1,400}", line \d+, in |^-{2,}> +\d+ ')
+_FRAME = re2.compile(FRAME)  # RE2: it reads a file's last lines, whatever they hold
 CUT_TAIL_BYTES = 4096  # a file's last bytes read for a traceback it ends inside
 
 
