@@ -439,6 +439,26 @@ torch._C._LinAlgError: linalg.cholesky: The factorization could not be completed
     assert d.root.groups.get("exception") == "torch._C._LinAlgError"
 
 
+@pytest.mark.parametrize("last", [
+    "pyarrow.lib.ArrowInvalid: Empty CSV file",
+    "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:",
+    "[rank0]: subprocess.TimeoutExpired: Command '['nvidia-smi']' timed out after 30 seconds",
+    "pyarrow.lib.ArrowTypeError: Expected bytes, got a 'int' object",  # known to the scan as well
+])
+def test_a_module_qualified_exception_class_without_an_error_suffix_ends_the_run(diagnoser, last):
+    log = PROGRESS + f"""Traceback (most recent call last):
+  File "/workspace/prepare.py", line 31, in <module>
+    run(reader)
+  File "/usr/lib/python3.10/multiprocessing/pool.py", line 868, in next
+    raise value
+{last}
+"""
+    d = diagnoser.diagnose_text(log + "wandb: Waiting for W&B process to finish... (failed 1).\n")
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    assert d.root.groups.get("exception") == last.split(": ", 2)[-2].removeprefix("[rank0]: ")
+    assert [h.line for h in d.root.hits] == [log.count("\n")]  # its own line, once
+
+
 def test_an_unknown_wording_of_a_refused_path_is_permission_denied_by_its_class(diagnoser):
     log = PROGRESS + """Traceback (most recent call last):
   File "/workspace/train.py", line 57, in prepare_run_dir

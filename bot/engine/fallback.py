@@ -40,8 +40,10 @@ _HANDLED = re.compile(markers.HANDLED_HEADER)
 CAUGHT_LINES = 8  # an exception's line this close above "During handling of the above exception" is that exception
 # "KeyError: ...", a bare `raise Exception(...)`'s "Exception:", a repr ("TypeError('...')") and
 # IPython's header ("KeyError      Traceback (most recent call last)"); a private class's name
-# starts with an underscore (torch's "_LinAlgError: linalg.cholesky: ...")
-_TYPE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*(?:_?[A-Z]\w*(?:Error|Exception)|Exception))(?=:|\(|\s*$| +Traceback \()")
+# starts with an underscore (torch's "_LinAlgError: linalg.cholesky: ..."); a class named with its
+# module needs no suffix (markers.QUALIFIED_CLASS)
+_TYPE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*(?:_?[A-Z]\w*(?:Error|Exception)|Exception))(?=:|\(|\s*$| +Traceback \()"
+                   rf"|\b({markers.QUALIFIED_CLASS})(?=: )")
 # an exception raised by the communication itself (a gloo read error, a reset socket): one more consequence
 _COMMS = re.compile(r"gloo|nccl|c10d|ProcessGroup|socket|Connection (?:reset|refused|closed)|Broken pipe|timed? ?out",
                     re.I)
@@ -182,7 +184,7 @@ def add_last_exception(kb: KnowledgeBase, result: ScanResult, before: Hit | None
     m = last_exception(result, before)
     if m is not None:
         kind = _TYPE.search(m.text)
-        groups = {"exception": kind.group(1)} if kind else {}
+        groups = {"exception": kind.group(1) or kind.group(2)} if kind else {}
     elif before is None and (wrapped := wrapped_exception(result)) is not None:
         m, groups = wrapped[0], {"exception": wrapped[1]}
     else:

@@ -20,6 +20,12 @@ FRAME = r'\bFile "[^"\n]{1,400}", line \d+, in |^-{2,}> +\d+ '
 IGNORED_HEADER = r"\bException ignored in\b"  # Python's line over an exception it reports and goes on
 # Python's line between an exception that an `except` block caught and the one that block raised
 HANDLED_HEADER = r"\bDuring handling of the above exception, another exception occurred"
+# An exception class named with its module whatever its suffix, as Python prints an uncaught one
+# (pyarrow.lib.ArrowInvalid, torch._dynamo.exc.BackendCompilerFailed, subprocess.TimeoutExpired):
+# lower-case module parts, then a CamelCase name of two words at least, so a logger's name
+# ("lightning.Trainer: ...") is not one. No literal in it that the scan could look for, so only a
+# file's last lines are read for it (tail_exception).
+QUALIFIED_CLASS = r"(?:[a-z_]\w*\.)+_?[A-Z][a-z0-9]+[A-Z]\w*"
 
 
 @dataclass(frozen=True)
@@ -71,20 +77,42 @@ _FRAME = re2.compile(FRAME)  # RE2: it reads a file's last lines, whatever they 
 CUT_TAIL_BYTES = 4096  # a file's last bytes read for a traceback it ends inside
 
 
+_QUALIFIED = re2.compile(r"^(?:\[[^\]\n]{0,40}\]:? ?)*" + QUALIFIED_CLASS + ": ")
+FRAME_TO_EXCEPTION = 3  # a frame line, its source line and the carets under it, then the exception
+
+
+def _tail_lines(tail: bytes) -> list[str]:
+    """A file's last lines (of its last CUT_TAIL_BYTES), the first of them perhaps partial."""
+    lines = tail[-CUT_TAIL_BYTES:].decode("utf-8", "replace").split("\n")
+    if tail.endswith(b"\n"):
+        lines.pop()  # the file's last line is the one before its final newline
+    return [line.rstrip("\r") for line in lines]
+
+
+def tail_exception(tail: bytes) -> tuple[int, str] | None:
+    """The last exception line in a file's last lines whose class the scan's exception marker does not
+    know (pyarrow.lib.ArrowInvalid: no Error suffix), printed right under a traceback frame: (how many
+    lines before the file's last line, the line), or None."""
+    lines = _tail_lines(tail)
+    for at in range(len(lines) - 1, 0, -1):
+        if _QUALIFIED.search(lines[at]) and any(
+                _FRAME.search(lines[k]) for k in range(max(0, at - FRAME_TO_EXCEPTION), at)):
+            return len(lines) - 1 - at, lines[at]
+    return None
+
+
 def cut_traceback(tail: bytes) -> tuple[int, str] | None:
     """Where a file ends inside a traceback, before its exception line (a paste cut there, a process
     killed while printing it): (how many lines before the file's last line, the last frame line), or
     None. The frame may be followed by its source line, and that by the carets under it."""
-    lines = tail[-CUT_TAIL_BYTES:].decode("utf-8", "replace").split("\n")
-    if tail.endswith(b"\n"):
-        lines.pop()  # the file's last line is the one before its final newline
+    lines = _tail_lines(tail)
     end = len(lines)
     while end and not lines[end - 1].strip():
         end -= 1
     carets = end >= 3 and not lines[end - 1].strip().strip("^~")
     for at in (end - 1, end - 2) + ((end - 3,) if carets else ()):
         if at >= 0 and _FRAME.search(lines[at]):
-            return len(lines) - 1 - at, lines[at].rstrip("\r")
+            return len(lines) - 1 - at, lines[at]
     return None
 
 

@@ -322,7 +322,7 @@ class Scanner:
         kept = {self._pid[fp]: len(fph.first) for fp, fph in result.hits.items() if fp in self._pid}
         st, series, tail = self._read(stream, file_no, 0, None, kept)
         self._finish(st, result)
-        _note_cut_traceback(tail, st.lines, file_no, result)
+        _read_tail(tail, st.lines, file_no, result)
         if series is not None:
             self._trends(series.summary, st.iteration, st.iteration_line, st.checkpoint, tail, file_no, result)
         return result
@@ -372,7 +372,7 @@ class Scanner:
         result.bytes += size
         result.file_lines.append(lines)
         result.file_progress.append(iteration_line)
-        _note_cut_traceback(tail, lines, file_no, result)
+        _read_tail(tail, lines, file_no, result)
         if any(self.detectors.values()):
             self._trends(summary, iteration, iteration_line, checkpoint, tail, file_no, result)
         return result
@@ -669,12 +669,20 @@ def _in_memory(stream: BinaryIO, limit: int) -> bytes | None:
     return data
 
 
-def _note_cut_traceback(tail: bytes, lines: int, file_no: int, result: ScanResult) -> None:
-    """Keep the last frame of a file that ends inside a traceback (redacted, like every kept line)."""
-    cut = markers.cut_traceback(tail)
-    if cut is not None:
+def _read_tail(tail: bytes, lines: int, file_no: int, result: ScanResult) -> None:
+    """What a file's last lines say that the scan's patterns cannot look for (kept redacted, like
+    every kept line): the last frame of a file that ends inside a traceback, and an exception line
+    whose class has no Error suffix, put among the exception lines in their order."""
+    if (cut := markers.cut_traceback(tail)) is not None:
         back, frame = cut
         result.cut_frames.append(Marked(file_no, lines - back, _clip(frame, 0, 0)))
+    if (raised := markers.tail_exception(tail)) is not None:
+        back, text = raised
+        found = Marked(file_no, lines - back, _clip(text, 0, 0))
+        if any((m.file, m.line) == (found.file, found.line) for m in result.last_exceptions):
+            return  # the scan kept it already (its class ends in Error)
+        result.last_exceptions = deque(sorted([*result.last_exceptions, found], key=lambda m: (m.file, m.line)),
+                                       maxlen=KEEP_EXCEPTIONS)
 
 
 def _iteration(line: bytes | None) -> str | None:
