@@ -249,6 +249,22 @@ def test_a_fairseq_scale_that_keeps_rising_back_from_half_is_no_collapse(diagnos
     assert _diagnose(diagnoser, collapsed).root.entry.id == "fp16-loss-scale"
 
 
+def test_one_reading_of_the_scale_at_its_floor_as_the_paste_ends_is_no_collapse(diagnoser):
+    lines = []
+    for epoch in range(6):
+        lines.append(f"| epoch {22 + epoch:03d} | loss {3.88 - epoch / 50:.3f} | nll_loss 2.204 | num_updates {5586 + 254 * epoch} "
+                     f"| gnorm 0.309 | clip 0% | oom 0 | loss_scale 1.000 | wall {8409 + 400 * epoch}")
+        lines.append("| WARNING: overflow detected, setting loss scale to: 1.0")
+    ending = lines + ["| WARNING: overflow detected, setting loss scale to: 0.5"]
+    assert _finding(_diagnose(diagnoser, ending), "fp16-loss-scale") is None
+    stays = ending + ["| WARNING: overflow detected, setting loss scale to: 0.25",
+                      "| WARNING: overflow detected, setting loss scale to: 0.125"]
+    assert _diagnose(diagnoser, stays).root.entry.id == "fp16-loss-scale"
+    zero = lines + ["[INFO] [loss_scaler.py:181:update_scale] [deepspeed] OVERFLOW! Rank 0 Skipping step. "
+                    "Attempted loss scale: 0, reducing to 0"]
+    assert _finding(_diagnose(diagnoser, zero), "fp16-loss-scale") is not None  # no floor to wait at
+
+
 def test_an_averaged_loss_in_a_progress_bar_postfix_is_read(diagnoser):
     # kohya's sd-scripts: "avr_loss=0.113"; a LoRA run whose average goes NaN and stays
     bars = [f"steps:  {i:2d}%|██        | {41 * i}/3280 [01:40<1:05:00,  1.22s/it, avr_loss={0.11 + i / 1000:.4f}]"

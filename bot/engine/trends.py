@@ -18,7 +18,9 @@ read is a report, a float() and a comparison or two.
   norm now and then is normal with fp16 (the step is skipped); NaN that stays is not.
 - loss-scale floor: the fp16 loss scale came down to SCALE_FLOOR (Megatron's and DeepSpeed's
   default minimum) from higher, or below it (fairseq's minimum is 1e-4: only repeated overflows
-  get there); a scale that is 1.0 throughout is bf16 or fp32, not a collapse.
+  get there), and the last FLOOR_READINGS readings stayed there; a scale that is 1.0 throughout is
+  bf16 or fp32, not a collapse, and one reading at the floor as a paste ends may still rise again
+  (unless it is below COLLAPSED_SCALE).
 - skipped steps: after the first CALIBRATION_ITERATIONS (where the scale calibrates and skips are
   normal), at least SKIPPED_SHARE of the iterations read were skipped (Megatron's per-interval
   count, DeepSpeed's cumulative `skipped=`).
@@ -51,6 +53,8 @@ RECOVERY_FACTOR = 2.0
 MIN_HISTORY = 3  # a paste from an issue thread may hold a handful of logged losses
 HISTORY = 100
 SCALE_FLOOR = 1.0
+FLOOR_READINGS = 3  # readings of the scale at its floor, without a rise, that make it a collapse
+COLLAPSED_SCALE = 1e-3  # a scale this low is a collapse at its first reading (DeepSpeed "reducing to 0")
 CALIBRATION_ITERATIONS = 100
 SKIPPED_SHARE = 0.2
 MIN_SKIPPED = 10
@@ -172,6 +176,7 @@ class Summary:
         self.scale_max = 0.0
         self.scale_last: float | None = None
         self.floor: Quote | None = None
+        self.floor_readings = 0  # readings since the scale reached its floor
         self.recovered_from = math.inf  # the lowest scale at the floor that it rose again from
         self.skipped = [0.0, 0.0]  # Megatron: skipped and iterations, after calibration
         self.ds_first: tuple[float, float] | None = None  # DeepSpeed (step, skipped) after calibration
@@ -235,7 +240,9 @@ class Summary:
             self.recovered_from = min(self.scale_last, self.recovered_from)
         at_floor = value < SCALE_FLOOR or value <= SCALE_FLOOR < self.scale_max  # below 1 only by repeated overflows
         if at_floor and self.floor is None and value < self.recovered_from:
-            self.floor = quote()
+            self.floor, self.floor_readings = quote(), 0
+        if self.floor is not None:
+            self.floor_readings += 1
         self.scale_max = max(self.scale_max, value)
         self.scale_last = value
 
@@ -265,7 +272,8 @@ class Summary:
                 out.append(Trend(NONFINITE, quote.line, quote.text,
                                  f"the logged {name} is NaN or Inf from here on (the last values read)", iteration))
                 break
-        if self.floor is not None and self.scale_last is not None and self.scale_last <= SCALE_FLOOR:
+        if self.floor is not None and self.scale_last is not None and self.scale_last <= SCALE_FLOOR \
+                and (self.floor_readings >= FLOOR_READINGS or self.scale_last < COLLAPSED_SCALE):
             out.append(Trend(SCALE_FLOOR_KIND, self.floor.line, self.floor.text,
                              f"the fp16 loss scale fell from {self.scale_max:g} to its floor {self.scale_last:g} and stayed there",
                              iteration))
