@@ -507,6 +507,23 @@ def test_a_paste_cut_inside_a_traceback_names_its_last_frame(diagnoser):
     assert d.root.first.line == 204 and 'line 61, in main' in d.root.first.text
 
 
+def test_a_paste_cut_inside_a_traceback_through_a_known_function_names_that_entry(diagnoser):
+    log = PROGRESS + """Traceback (most recent call last):
+  File "/workspace/train.py", line 88, in <module>
+    main()
+  File "/workspace/train.py", line 31, in main
+    dist.init_process_group("nccl")
+  File "/opt/conda/lib/python3.10/site-packages/torch/distributed/distributed_c10d.py", line 1305, in init_process_group
+    store, rank, world_size = next(rendezvous_iterator)
+  File "/opt/conda/lib/python3.10/site-packages/torch/distributed/rendezvous.py", line 246, in _env_rendezvous_handler
+    store = _create_c10d_store(master_addr, master_port, rank, world_size, timeout)
+"""
+    d = diagnoser.diagnose_text(log)
+    assert d.root is not None and d.root.entry.id == "rendezvous-failure"
+    # the same frames with training logged after them: no traceback was cut there, nothing failed
+    assert diagnoser.diagnose_text(log + PROGRESS).root is None
+
+
 @pytest.mark.parametrize("ending", [
     '  File "/workspace/train.py", line 61 in main\n',  # faulthandler's dump of a live process: no comma
     '  File "/workspace/train.py", line 61, in main\n    trainer.fit(model)\nstep 5 loss 1.2\n',

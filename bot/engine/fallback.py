@@ -115,11 +115,15 @@ def last_exception(result: ScanResult, before: Hit | None = None) -> Marked | No
 FRAME_LINES = 40  # a frame this close above the run's last exception is in its traceback
 
 
-def raised_through(frame: Hit, last: Marked | None) -> bool:
+def raised_through(frame: Hit, last: Marked | None, result: ScanResult) -> bool:
     """Whether `last`, the run's last exception that no fingerprint matched, was raised through this
-    traceback frame (printed below it, in its traceback): a frame of a known function says what the
-    exception was about (a reset connection inside init_process_group is a failed rendezvous)."""
-    return last is not None and last.file == frame.file and frame.line < last.line <= frame.line + FRAME_LINES
+    traceback frame (printed below it, in its traceback), or the traceback its file ends inside, cut
+    before its exception line (`ScanResult.cut_frames`), holds it: a frame of a known function says
+    what the exception was about (a reset connection inside init_process_group is a failed
+    rendezvous; a paste cut inside torch's load_state_dict is a state-dict mismatch)."""
+    if last is not None and last.file == frame.file and frame.line < last.line <= frame.line + FRAME_LINES:
+        return True
+    return any(cut.file == frame.file and frame.line <= cut.line <= frame.line + FRAME_LINES for cut in result.cut_frames)
 
 
 def wrapped_exception(result: ScanResult) -> tuple[Marked, str] | None:
