@@ -459,6 +459,16 @@ def test_a_module_qualified_exception_class_without_an_error_suffix_ends_the_run
     assert [h.line for h in d.root.hits] == [log.count("\n")]  # its own line, once
 
 
+def test_a_module_qualified_exception_that_ends_a_paste_without_its_traceback_is_the_answer(diagnoser):
+    warnings = "".join(f"W0110 12:27:0{i}.332000 158 torch/_dynamo/convert_frame.py:1551] [2/{i}] torch._dynamo hit "
+                       f"config.recompile_limit (8)\n" for i in range(4))
+    last = "torch._dynamo.exc.FailOnRecompileLimitHit: recompile_limit reached with fullgraph=True.\n"
+    d = diagnoser.diagnose_text(PROGRESS + warnings + "\n" + last)
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    assert d.root.groups.get("exception") == "torch._dynamo.exc.FailOnRecompileLimitHit"
+    assert diagnoser.diagnose_text(PROGRESS + warnings + last + PROGRESS).root is None  # training went on
+
+
 def test_an_unknown_wording_of_a_refused_path_is_permission_denied_by_its_class(diagnoser):
     log = PROGRESS + """Traceback (most recent call last):
   File "/workspace/train.py", line 57, in prepare_run_dir

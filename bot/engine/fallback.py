@@ -48,9 +48,9 @@ _TYPE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*(?:_?[A-Z]\w*(?:Error|Exception)|Exce
 _COMMS = re.compile(r"gloo|nccl|c10d|ProcessGroup|socket|Connection (?:reset|refused|closed)|Broken pipe|timed? ?out",
                     re.I)
 # Python's last line of an uncaught exception: the type at the start (after a rank prefix, or the
-# date and time a job runner stamps on every line it relays)
+# date and time a job runner stamps on every line it relays), or a class named with its module
 _UNCAUGHT = re.compile(r"^(?:\d{4}-\d\d-\d\d[ T][\d:.,]+Z? )?(?:\[[^\]\n]{0,40}\]:? ?)*"
-                       r"(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*(?:Error|Exception)(?::|\s*$)")
+                       rf"(?:(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*(?:Error|Exception)(?::|\s*$)|{markers.QUALIFIED_CLASS}: )")
 
 
 def _matched_lines(result: ScanResult, roles: tuple[str, ...]) -> list[tuple[int, int]]:

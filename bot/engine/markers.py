@@ -79,6 +79,7 @@ CUT_TAIL_BYTES = 4096  # a file's last bytes read for a traceback it ends inside
 
 _QUALIFIED = re2.compile(r"^(?:\[[^\]\n]{0,40}\]:? ?)*" + QUALIFIED_CLASS + ": ")
 FRAME_TO_EXCEPTION = 3  # a frame line, its source line and the carets under it, then the exception
+END_EXCEPTION_LINES = 3  # or, with its traceback cut from the paste, this close to the file's end
 
 
 def _tail_lines(tail: bytes) -> list[str]:
@@ -91,12 +92,12 @@ def _tail_lines(tail: bytes) -> list[str]:
 
 def tail_exception(tail: bytes) -> tuple[int, str] | None:
     """The last exception line in a file's last lines whose class the scan's exception marker does not
-    know (pyarrow.lib.ArrowInvalid: no Error suffix), printed right under a traceback frame: (how many
-    lines before the file's last line, the line), or None."""
+    know (pyarrow.lib.ArrowInvalid: no Error suffix), printed right under a traceback frame or among
+    the file's last lines: (how many lines before the file's last line, the line), or None."""
     lines = _tail_lines(tail)
     for at in range(len(lines) - 1, 0, -1):
-        if _QUALIFIED.search(lines[at]) and any(
-                _FRAME.search(lines[k]) for k in range(max(0, at - FRAME_TO_EXCEPTION), at)):
+        if _QUALIFIED.search(lines[at]) and (at >= len(lines) - END_EXCEPTION_LINES or any(
+                _FRAME.search(lines[k]) for k in range(max(0, at - FRAME_TO_EXCEPTION), at))):
             return len(lines) - 1 - at, lines[at]
     return None
 
