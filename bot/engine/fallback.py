@@ -32,7 +32,6 @@ from bot.kb.load import Fingerprint, KnowledgeBase
 
 LAST_EXCEPTION = "last-exception"
 END_LINES = 40  # an exception this close to the end of its file ended the run
-LAST_LINES = 3  # without a traceback, an exception line must be this close to the end
 IGNORED_LINES = 40  # an exception this close after Python's "Exception ignored in" header is that ignored one
 _IGNORED = re.compile(markers.IGNORED_HEADER)
 _HEADERS = re.compile(f"{markers.IGNORED_HEADER}|{markers.HANDLED_HEADER}")
@@ -149,7 +148,7 @@ def _builtin_exception(name: str) -> bool:
 def _ends_the_log(m: Marked, result: ScanResult) -> bool:
     """An exception line in Python's uncaught shape among the last lines of its file."""
     last = result.file_lines[m.file] if m.file < len(result.file_lines) else None
-    return last is not None and m.line > last - LAST_LINES and _UNCAUGHT.match(m.text) is not None
+    return last is not None and m.line > last - markers.END_EXCEPTION_LINES and _UNCAUGHT.match(m.text) is not None
 
 
 def ignored_blocks(result: ScanResult) -> list[tuple[int, int, int]]:

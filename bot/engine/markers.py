@@ -79,7 +79,7 @@ CUT_TAIL_BYTES = 4096  # a file's last bytes read for a traceback it ends inside
 
 _QUALIFIED = re2.compile(r"^(?:\[[^\]\n]{0,40}\]:? ?)*" + QUALIFIED_CLASS + ": ")
 FRAME_TO_EXCEPTION = 3  # a frame line, its source line and the carets under it, then the exception
-END_EXCEPTION_LINES = 3  # or, with its traceback cut from the paste, this close to the file's end
+END_EXCEPTION_LINES = 3  # without its traceback (cut from a paste), an exception line this close to its file's end ended it
 
 
 def _tail_lines(tail: bytes) -> list[str]:
