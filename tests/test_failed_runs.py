@@ -469,6 +469,32 @@ def test_a_module_qualified_exception_that_ends_a_paste_without_its_traceback_is
     assert diagnoser.diagnose_text(PROGRESS + warnings + last + PROGRESS).root is None  # training went on
 
 
+LOGGED = """Could not load the native library: 'NoneType' object has no attribute 'split'
+Traceback (most recent call last):
+  File "/opt/venv/lib/python3.12/site-packages/quantlib/cextension.py", line 85, in <module>
+    lib = get_native_library()
+  File "/opt/venv/lib/python3.12/site-packages/quantlib/cuda_specs.py", line 24, in get_cuda_version_tuple
+    major, minor = map(int, torch.version.cuda.split("."))
+AttributeError: 'NoneType' object has no attribute 'split'
+"""
+
+
+def test_a_traceback_a_handler_logged_under_the_error_and_went_on_from_is_no_failure(diagnoser):
+    went_on = LOGGED + "\nSetup failed; falling back to the slow path.\nDevice set to use cuda:0\nGenerating 16 samples\nDone.\n"
+    assert diagnoser.diagnose_text(PROGRESS + went_on).root is None
+    # the same handler re-raising: Python prints the traceback again, under no quoting line
+    reraised = LOGGED + "\nDuring startup.\n" + LOGGED.split("\n", 1)[1] + "\n".join(["", "", "", ""])
+    d = diagnoser.diagnose_text(PROGRESS + reraised)
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    # and a paste that ends on the logged traceback still names it: nothing shows the run went on
+    d = diagnoser.diagnose_text(PROGRESS + LOGGED)
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+    # an ERROR record of the message is code that logs and raises: Python's report of it follows
+    logged_error = "E0511 13:34:09.379575 231 cextension.py:64] " + LOGGED
+    d = diagnoser.diagnose_text(PROGRESS + logged_error + "\nJob in error state, exit code 1\n\n>seq1\nMKTAYIAK\n")
+    assert d.root is not None and d.root.entry.id == "python-user-code-error"
+
+
 def test_an_unknown_wording_of_a_refused_path_is_permission_denied_by_its_class(diagnoser):
     log = PROGRESS + """Traceback (most recent call last):
   File "/workspace/train.py", line 57, in prepare_run_dir

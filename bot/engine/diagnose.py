@@ -156,10 +156,12 @@ def _group_by_entry(kb: KnowledgeBase, result: ScanResult) -> _Grouped:
     last = fallback.last_exception(result) if any(fp.frame for fp in result.hits) else None
     for fp, fph in result.hits.items():
         # a line inside an exception Python reported as ignored (in __del__, at exit) is no failure,
+        # nor the exception line of a traceback a handler logged and went on from,
         # nor a NaN loss logged before finite ones (a warm-up with no batch yet, a skipped step), nor
         # a traceback frame the run's unexplained last exception was not raised through (unless the
         # paste was cut inside that traceback, before its exception line)
         kept = [h for h in fph.hits if not fallback.in_blocks(h.file, h.line, ignored)
+                and (h.file, h.line) not in result.logged
                 and not (fp.logged_loss and result.loss_back.get(h.file, 0) > h.line)
                 and not (fp.frame and not fallback.raised_through(h, last, result))]
         if kept:

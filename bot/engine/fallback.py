@@ -96,9 +96,11 @@ def last_exception(result: ScanResult, before: Hit | None = None) -> Marked | No
     matched = set(_matched_lines(result, ("root", "cascade", "confirm")))
     blocks = ignored_blocks(result)
     for m in reversed(result.last_exceptions):
-        if (m.file, m.line) in matched or _HEADERS.search(m.text) or logged_exception(m.text):
-            continue  # a wrapper's exception, a line a known entry already explains, Python's header
-            # over an ignored or a handled exception, an exception line a WARNING log record quotes
+        if (m.file, m.line) in matched or (m.file, m.line) in result.logged or _HEADERS.search(m.text) \
+                or logged_exception(m.text):
+            continue  # a wrapper's exception, a line a known entry already explains, one a handler
+            # logged and went on from, Python's header over an ignored or a handled exception, an
+            # exception line a WARNING log record quotes
         if before is not None and (m.file != before.file or m.line >= before.line or _COMMS.search(m.text)
                                    or training_went_on(m.file, m.line, result)):
             continue

@@ -102,6 +102,34 @@ def tail_exception(tail: bytes) -> tuple[int, str] | None:
     return None
 
 
+_HEADER = re2.compile(r"^Traceback \(most recent call last\):\s*$")
+_EXCEPTION_LINE = re2.compile(r"^(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*: (.+)$")  # unindented "Type: message"
+MIN_QUOTED = 12  # characters of an exception's message the line above its traceback must repeat
+# an ERROR (or glog E/F) record before the quoted message: code that logs the error and raises it
+_ERROR_RECORD = re2.compile(r"^[EF]\d{4} |\b(?:ERROR|CRITICAL|FATAL)\b")
+
+
+def logged_tracebacks(tail: bytes) -> list[int]:
+    """Exception lines in a file's last lines whose traceback a handler printed right after logging
+    the error, the run going on after it: the line above "Traceback (most recent call last):" repeats
+    the exception's message ("Could not load bitsandbytes native library: 'NoneType' object has no
+    attribute 'split'") in no ERROR record, and more than END_EXCEPTION_LINES lines follow the
+    exception. Code that logs an error and raises it (an ERROR record, then Python's report of the
+    uncaught exception) is not one. Each as how many lines before the file's last line it is."""
+    lines = _tail_lines(tail)
+    found = []
+    for h in range(1, len(lines)):
+        if not _HEADER.match(lines[h]):
+            continue
+        at = next((k for k in range(h + 1, len(lines)) if lines[k] and not lines[k][0].isspace()), None)
+        raised = _EXCEPTION_LINE.match(lines[at]) if at is not None else None
+        message = raised.group(1).strip() if raised else ""
+        quoted = lines[h - 1].find(message) if len(message) >= MIN_QUOTED else -1
+        if quoted >= 0 and not _ERROR_RECORD.search(lines[h - 1][:quoted]) and at < len(lines) - END_EXCEPTION_LINES:
+            found.append(len(lines) - 1 - at)
+    return found
+
+
 def cut_traceback(tail: bytes) -> tuple[int, str] | None:
     """Where a file ends inside a traceback, before its exception line (a paste cut there, a process
     killed while printing it): (how many lines before the file's last line, the last frame line), or

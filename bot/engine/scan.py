@@ -134,6 +134,7 @@ class ScanResult:
     file_progress: list[int] = field(default_factory=list)  # each file's last progress line (0: none)
     loss_back: dict[int, int] = field(default_factory=dict)  # by file: the last finite loss logged after NaN/Inf ones
     cut_frames: list[Marked] = field(default_factory=list)  # the last frame of each file that ends inside a traceback
+    logged: set[tuple[int, int]] = field(default_factory=set)  # (file, line) of exceptions a handler logged and went on
 
     def merge(self, later: ScanResult) -> None:
         """Add the result of files scanned on their own (another process), which come after these."""
@@ -157,6 +158,7 @@ class ScanResult:
         self.first_errors += [replace(m, file=m.file + shift) for m in later.first_errors[:max(0, room)]]
         self.last_exceptions.extend(replace(m, file=m.file + shift) for m in later.last_exceptions)
         self.cut_frames += [replace(m, file=m.file + shift) for m in later.cut_frames]
+        self.logged |= {(file + shift, line) for file, line in later.logged}
         self.warnings += [w for w in later.warnings if w not in self.warnings]
 
 
@@ -671,11 +673,13 @@ def _in_memory(stream: BinaryIO, limit: int) -> bytes | None:
 
 def _read_tail(tail: bytes, lines: int, file_no: int, result: ScanResult) -> None:
     """What a file's last lines say that the scan's patterns cannot look for (kept redacted, like
-    every kept line): the last frame of a file that ends inside a traceback, and an exception line
-    whose class has no Error suffix, put among the exception lines in their order."""
+    every kept line): the last frame of a file that ends inside a traceback, the exceptions a
+    handler logged with their traceback and went on from, and an exception line whose class has no
+    Error suffix, put among the exception lines in their order."""
     if (cut := markers.cut_traceback(tail)) is not None:
         back, frame = cut
         result.cut_frames.append(Marked(file_no, lines - back, _clip(frame, 0, 0)))
+    result.logged |= {(file_no, lines - back) for back in markers.logged_tracebacks(tail)}
     if (raised := markers.tail_exception(tail)) is not None:
         back, text = raised
         found = Marked(file_no, lines - back, _clip(text, 0, 0))
