@@ -20,6 +20,7 @@ FRAME = r'\bFile "[^"\n]{1,400}", line \d+, in |^-{2,}> +\d+ '
 IGNORED_HEADER = r"\bException ignored in\b"  # Python's line over an exception it reports and goes on
 # Python's line between an exception that an `except` block caught and the one that block raised
 HANDLED_HEADER = r"\bDuring handling of the above exception, another exception occurred"
+TRACEBACK_HEADER = r"Traceback \(most recent call last\)"  # Python's line over a traceback
 # An exception class named with its module whatever its suffix, as Python prints an uncaught one
 # (pyarrow.lib.ArrowInvalid, torch._dynamo.exc.BackendCompilerFailed, subprocess.TimeoutExpired):
 # lower-case module parts, then a CamelCase name of two words at least, so a logger's name
@@ -58,7 +59,7 @@ LINE_MARKERS: tuple[Marker, ...] = (
     # rich's boxed "│ ❱ 456 │ ..."), and Hydra's note under a task's uncaught exception, whose
     # traceback it shortens or leaves out, and IPython's arrow at the line a frame was in
     # ("--> 758     raise NonMatchingChecksumError(msg)"), which a notebook paste may keep alone
-    Marker(TRACEBACK, Pattern(r"Traceback \(most recent call last\)|│ ❱ +\d+ │|HYDRA_FULL_ERROR=1 for a complete stack trace|"
+    Marker(TRACEBACK, Pattern(TRACEBACK_HEADER + r"|│ ❱ +\d+ │|HYDRA_FULL_ERROR=1 for a complete stack trace|"
                               + FRAME)),
     # and the header Python prints over an exception it ignored (in __del__, at interpreter exit),
     # the one under an exception that was caught and whose handler raised another,
@@ -66,7 +67,7 @@ LINE_MARKERS: tuple[Marker, ...] = (
     # and IPython's header naming the exception over its traceback (a notebook paste may stop before
     # the exception's own line)
     Marker(EXCEPTION, Pattern(r"\b(_?[A-Z]\w*(Error|Exception)|Exception)(:|$)|^[A-Z]\w*(Error|Exception)\(|"
-                              r"^[A-Z]\w*(Error|Exception) +Traceback \(most recent call last\)|" + IGNORED_HEADER + "|" + HANDLED_HEADER)),
+                              r"^[A-Z]\w*(Error|Exception) +" + TRACEBACK_HEADER + "|" + IGNORED_HEADER + "|" + HANDLED_HEADER)),
     # Only the first KEEP_ERRORS of a file are kept, and a noisy log has thousands: the engine
     # reports a chunk's first one, the scan asks for the next ones (scan.Scanner._next_errors).
     Marker(ERROR, Pattern(r"\b(error|fatal)\b", True, first_only=True)),
@@ -102,7 +103,7 @@ def tail_exception(tail: bytes) -> tuple[int, str] | None:
     return None
 
 
-_HEADER = re2.compile(r"^Traceback \(most recent call last\):\s*$")
+_HEADER = re2.compile("^" + TRACEBACK_HEADER + r":\s*$")
 _EXCEPTION_LINE = re2.compile(r"^(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*: (.+)$")  # unindented "Type: message"
 MIN_QUOTED = 12  # characters of an exception's message the line above its traceback must repeat
 # an ERROR (or glog E/F) record before the quoted message: code that logs the error and raises it
