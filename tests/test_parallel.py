@@ -41,6 +41,24 @@ def test_a_parallel_scan_gives_the_same_diagnosis(diagnoser, tmp_path):
     assert sorted(next(f for f in together.findings if f.entry.id == "cuda-oom").ranks) == [37]
 
 
+def test_what_each_files_last_lines_say_survives_the_merge_of_workers(diagnoser, tmp_path):
+    """A file's last 4 KiB are read in the worker that scans it (a traceback a handler logged and went
+    on from; an exception whose class has no Error suffix): their line numbers move with the merge."""
+    logged = ("Could not load the native library: 'NoneType' object has no attribute 'split'\n"
+              "Traceback (most recent call last):\n  File \"/opt/lib/cext.py\", line 85, in <module>\n"
+              "    lib = load()\nAttributeError: 'NoneType' object has no attribute 'split'\n"
+              "Falling back to the slow path.\nDevice set to use cuda:0\nstep 400 done\nstep 401 done")
+    raised = ("Traceback (most recent call last):\n  File \"/workspace/prep.py\", line 31, in <module>\n"
+              "    run(reader)\npyarrow.lib.ArrowInvalid: Empty CSV file")
+    files = [_rank_file(tmp_path, r, {40: logged, 41: raised}.get(r, "")) for r in range(48)]
+    alone = diagnoser.analyse(scan_files(diagnoser, files, None))
+    together = diagnoser.analyse(parallel.scan(diagnoser, files, None, workers=3))
+    assert _summary(together) == _summary(alone)
+    assert together.root.entry.id == "python-user-code-error"
+    assert (together.root.first.file, together.root.groups["exception"]) == (41, "pyarrow.lib.ArrowInvalid")
+    assert not any(f.first.file == 40 for f in together.findings)
+
+
 def test_a_binary_among_the_files_is_the_same_clear_error(diagnoser, tmp_path):
     files = [_rank_file(tmp_path, r) for r in range(4)]
     (tmp_path / "core").write_bytes(b"\x7fELF" + bytes(5000))
